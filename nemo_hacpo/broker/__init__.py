@@ -6,7 +6,14 @@
 - :mod:`~nemo_hacpo.broker.broker` — `Broker.step`: capability update, advantages, per-learner views.
 """
 
-from nemo_hacpo.broker.broker import AgentRollout, Broker, BrokerStep, LearnerTokenizer, LearnerView, broker_mode
+from nemo_hacpo.broker.broker import (
+    AgentRollout,
+    Broker,
+    BrokerStep,
+    LearnerTokenizer,
+    LearnerView,
+    broker_mode,
+)
 from nemo_hacpo.broker.pool import ReencodePool
 from nemo_hacpo.broker.reencode import (
     ReencodedSample,

@@ -187,7 +187,7 @@ class Broker:
     def step(self, rollouts: Mapping[str, Sequence[AgentRollout]]) -> BrokerStep:
         agents = self.agents
         prompt_ids, group_size, table = _group(rollouts, agents)
-        n, batch = len(agents), len(prompt_ids)
+        batch = len(prompt_ids)
         # rewards[b, j, i]: reward of agent j's i-th response to prompt b
         rewards = torch.tensor([[[table[a][p][i].trajectory.reward for i in range(group_size)] for a in agents]
                                 for p in prompt_ids], dtype=torch.float64)  # [B, n, G]
