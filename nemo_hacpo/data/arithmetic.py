@@ -1,0 +1,251 @@
+"""Seeded generator of arithmetic word problems (the training data; no offline GSM8K train split exists).
+
+A problem is a short story: a person starts with ``a`` objects and then ``level`` operations happen to
+them (buy more: ``+``, give away: ``-``, end up with k times as many: ``*``, split into k equal groups
+and keep one: exact ``/``). Every value along the way is an integer in ``[2, MAX_VALUE]``, so tiny
+models can learn the task. Example (level 1)::
+
+    Tom has 3 apples and buys 4 more. How many apples does Tom have now?
+    solution: "Tom starts with 3 apples.\\n3 + 4 = 7\\nThe answer is \\boxed{7}"
+
+Determinism: each split draws from its own ``random.Random`` whose seed is derived from
+``(split, seed)`` with SHA-256 (never the salted builtin ``hash``), so the same call gives the same
+problems in every process and on every platform.
+
+Disjointness: the question-text space is partitioned by a SHA-256 bucket of the question
+(:func:`split_of_question`); a generator for one split rejects every candidate whose question belongs
+to the other split. Train and eval can therefore never share a question, whatever seeds are used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from nemo_hacpo.data.problem import MathProblem
+
+Split = Literal["train", "eval"]
+
+MAX_VALUE = 100
+"""Upper bound for the start value, every intermediate value and the answer."""
+
+LEVELS: tuple[int, ...] = (1, 2, 3)
+"""Supported difficulty levels (= number of operations)."""
+
+DEFAULT_SEEDS: dict[str, int] = {"train": 20240601, "eval": 20240602}
+"""Seed used by :func:`generate_problems` when none is given."""
+
+EVAL_BUCKETS = 10
+"""One in ``EVAL_BUCKETS`` question texts belongs to the eval split, the rest to train."""
+
+# (name, subject pronoun, possessive pronoun)
+PEOPLE: tuple[tuple[str, str, str], ...] = (
+    ("Tom", "he", "his"), ("Anna", "she", "her"), ("Ben", "he", "his"), ("Maria", "she", "her"),
+    ("Sam", "he", "his"), ("Lily", "she", "her"), ("Omar", "he", "his"), ("Chloe", "she", "her"),
+    ("Raj", "he", "his"), ("Emma", "she", "her"), ("Leo", "he", "his"), ("Sofia", "she", "her"),
+    ("Jack", "he", "his"), ("Mia", "she", "her"), ("Noah", "he", "his"), ("Zoe", "she", "her"),
+    ("Ivan", "he", "his"), ("Nora", "she", "her"), ("Kenji", "he", "his"), ("Grace", "she", "her"),
+)
+
+OBJECTS: tuple[str, ...] = (
+    "apples", "marbles", "stickers", "pencils", "coins", "books", "cookies", "stamps",
+    "shells", "cards", "balloons", "oranges", "crayons", "buttons", "beads", "candies",
+    "flowers", "toy cars", "eggs", "rocks",
+)
+
+START_TEMPLATES: tuple[str, ...] = (
+    "{name} has {a} {obj}",
+    "{name} starts with {a} {obj}",
+    "{name} owns {a} {obj}",
+)
+
+# Verb phrases (subject omitted) per operation; {b} is the operand.
+STEP_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "+": (
+        "buys {b} more",
+        "finds {b} more {obj}",
+        "gets {b} more {obj} from {friend}",
+        "receives {b} more as a gift",
+    ),
+    "-": (
+        "gives {b} {obj} to {friend}",
+        "loses {b} of them",
+        "sells {b} of them",
+        "gives away {b}",
+    ),
+    "*": (
+        "ends up with {b} times as many {obj} as before",
+        "collects enough to have {b} times as many as before",
+    ),
+    "/": (
+        "splits {pos} {obj} into {b} equal groups and keeps one group",
+        "shares them equally among {b} boxes and keeps only one box",
+    ),
+}
+
+QUESTION_TEMPLATES: tuple[str, ...] = (
+    "How many {obj} does {name} have now?",
+    "How many {obj} does {name} have in the end?",
+)
+
+OPERATIONS: tuple[str, ...] = ("+", "-", "*", "/")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One operation ``value_before <op> operand = value_after``."""
+
+    operation: str
+    operand: int
+    value_before: int
+    value_after: int
+
+
+def derive_seed(*parts: object) -> int:
+    """A 64-bit seed from any printable parts, stable across processes (SHA-256, not ``hash``)."""
+    digest = hashlib.sha256(":".join(str(part) for part in parts).encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+def split_of_question(question: str) -> Split:
+    """The split a question text belongs to: ``"eval"`` iff ``sha256(question) mod EVAL_BUCKETS == 0``."""
+    bucket = int.from_bytes(hashlib.sha256(question.encode("utf-8")).digest()[:8], "big") % EVAL_BUCKETS
+    return "eval" if bucket == 0 else "train"
+
+
+def apply_operation(operation: str, value: int, operand: int) -> int:
+    """``value <operation> operand`` with exact integer division (raises if not exact)."""
+    if operation == "+":
+        return value + operand
+    if operation == "-":
+        return value - operand
+    if operation == "*":
+        return value * operand
+    if operation == "/":
+        if value % operand != 0:
+            raise ValueError(f"{value} / {operand} is not an integer")
+        return value // operand
+    raise ValueError(f"unknown operation {operation!r}; expected one of {OPERATIONS}")
+
+
+def _feasible_operands(operation: str, value: int) -> list[int]:
+    """Operands that keep the result an integer in ``[2, MAX_VALUE]`` (and the story sensible).
+
+    Results of 0 or 1 are excluded so that no single answer dominates the data set.
+    """
+    if operation == "+":
+        return list(range(2, min(20, MAX_VALUE - value) + 1))
+    if operation == "-":
+        return list(range(2, value - 1))  # at least two objects left
+    if operation == "*":
+        return [k for k in range(2, 6) if value * k <= MAX_VALUE]
+    if operation == "/":
+        return [k for k in range(2, 11) if value % k == 0 and value // k >= 2]
+    raise ValueError(f"unknown operation {operation!r}")
+
+
+def _sample_steps(rng: random.Random, start: int, level: int) -> list[Step]:
+    steps: list[Step] = []
+    value = start
+    for _ in range(level):
+        choices = [(op, _feasible_operands(op, value)) for op in OPERATIONS]
+        choices = [(op, operands) for op, operands in choices if operands]
+        operation, operands = rng.choice(choices)
+        operand = rng.choice(operands)
+        new_value = apply_operation(operation, value, operand)
+        steps.append(Step(operation, operand, value, new_value))
+        value = new_value
+    return steps
+
+
+def _expression(start: int, steps: Sequence[Step]) -> str:
+    """``"(3 + 4) * 2"``: the left-to-right computation with explicit parentheses."""
+    expression = str(start)
+    for index, step in enumerate(steps):
+        left = f"({expression})" if index > 0 else expression
+        expression = f"{left} {step.operation} {step.operand}"
+    return expression
+
+
+def _sample_problem(rng: random.Random, level: int) -> tuple[str, str, str, str]:
+    """Return ``(question, answer, solution, expression)`` for one random problem of ``level`` steps."""
+    name, pronoun, possessive = rng.choice(PEOPLE)
+    friend = rng.choice([person[0] for person in PEOPLE if person[0] != name])
+    obj = rng.choice(OBJECTS)
+    start = rng.randint(2, 20)
+    steps = _sample_steps(rng, start, level)
+
+    def clause(step: Step) -> str:
+        template = rng.choice(STEP_TEMPLATES[step.operation])
+        return template.format(b=step.operand, obj=obj, friend=friend, pos=possessive)
+
+    opening = rng.choice(START_TEMPLATES).format(name=name, a=start, obj=obj)
+    if level == 1:
+        story = f"{opening} and {clause(steps[0])}."
+    else:
+        sentences = [f"{opening}.", f"{pronoun.capitalize()} {clause(steps[0])}."]
+        sentences += [f"Then {pronoun} {clause(step)}." for step in steps[1:]]
+        story = " ".join(sentences)
+    question = f"{story} {rng.choice(QUESTION_TEMPLATES).format(name=name, obj=obj)}"
+
+    answer = str(steps[-1].value_after)
+    lines = [f"{name} starts with {start} {obj}."]
+    lines += [f"{s.value_before} {s.operation} {s.operand} = {s.value_after}" for s in steps]
+    lines.append(f"The answer is \\boxed{{{answer}}}")
+    return question, answer, "\n".join(lines), _expression(start, steps)
+
+
+def generate_problems(
+    split: Split,
+    num_problems: int,
+    *,
+    seed: int | None = None,
+    levels: Sequence[int] = LEVELS,
+) -> list[MathProblem]:
+    """Generate ``num_problems`` distinct problems of ``split``.
+
+    Args:
+        split: ``"train"`` or ``"eval"``; only questions with ``split_of_question(q) == split`` are kept.
+        num_problems: how many problems to return.
+        seed: RNG seed (``DEFAULT_SEEDS[split]`` when ``None``); the stream is ``Random(sha256(split, seed))``.
+        levels: levels to draw from, uniformly per problem.
+
+    Returns:
+        ``num_problems`` records with ids ``f"arith-{split}-{i:06d}"``, distinct question texts,
+        ``source="arithmetic"`` and the ``expression`` whose value is the answer.
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    if num_problems < 0:
+        raise ValueError(f"num_problems must be >= 0, got {num_problems}")
+    bad_levels = [level for level in levels if level not in LEVELS]
+    if not levels or bad_levels:
+        raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {list(levels)}")
+    rng = random.Random(derive_seed("arithmetic", split, DEFAULT_SEEDS[split] if seed is None else seed))
+    problems: list[MathProblem] = []
+    seen_questions: set[str] = set()
+    attempts, max_attempts = 0, 200 * num_problems + 1000
+    while len(problems) < num_problems:
+        attempts += 1
+        if attempts > max_attempts:
+            raise RuntimeError(f"could not generate {num_problems} distinct {split} problems for levels {levels}")
+        level = rng.choice(list(levels))
+        question, answer, solution, expression = _sample_problem(rng, level)
+        if question in seen_questions or split_of_question(question) != split:
+            continue
+        seen_questions.add(question)
+        problems.append(
+            MathProblem(
+                id=f"arith-{split}-{len(problems):06d}",
+                question=question,
+                answer=answer,
+                level=level,
+                solution=solution,
+                source="arithmetic",
+                expression=expression,
+            )
+        )
+    return problems

@@ -1,0 +1,175 @@
+"""The arithmetic generator: determinism, disjoint splits, levels and answers recomputed independently."""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import os
+import re
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+
+from nemo_hacpo.data.arithmetic import (
+    DEFAULT_SEEDS,
+    MAX_VALUE,
+    apply_operation,
+    derive_seed,
+    generate_problems,
+    split_of_question,
+)
+
+_BINARY_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def evaluate_exactly(expression: str) -> Fraction:
+    """Evaluate ``+ - * /`` over integer literals with exact fractions (independent of the generator)."""
+
+    def walk(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.Expression):
+            return walk(node.body)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY_OPERATORS:
+            return _BINARY_OPERATORS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return Fraction(node.value)
+        raise ValueError(f"unexpected node {ast.dump(node)}")
+
+    return walk(ast.parse(expression, mode="eval"))
+
+
+@pytest.fixture(scope="module")
+def train_problems():
+    return generate_problems("train", 3000)
+
+
+@pytest.fixture(scope="module")
+def eval_problems():
+    return generate_problems("eval", 1000)
+
+
+def test_apply_operation_hand_computed():
+    assert apply_operation("+", 3, 4) == 7
+    assert apply_operation("-", 10, 4) == 6
+    assert apply_operation("*", 6, 5) == 30
+    assert apply_operation("/", 18, 3) == 6
+    with pytest.raises(ValueError, match="not an integer"):
+        apply_operation("/", 7, 2)
+    with pytest.raises(ValueError, match="unknown operation"):
+        apply_operation("%", 7, 2)
+
+
+def test_same_call_gives_same_problems():
+    assert generate_problems("train", 200, seed=3) == generate_problems("train", 200, seed=3)
+    assert generate_problems("train", 200, seed=3) != generate_problems("train", 200, seed=4)
+
+
+def test_prefix_property_more_problems_extend_the_list():
+    short, long = generate_problems("eval", 50), generate_problems("eval", 120)
+    assert long[:50] == short
+
+
+def test_generation_does_not_depend_on_the_process_hash_seed():
+    """Two fresh interpreters with different PYTHONHASHSEED produce identical problems."""
+    script = (
+        "import json; from nemo_hacpo.data.arithmetic import generate_problems;"
+        "print(json.dumps([p.to_dict() for p in generate_problems('train', 50, seed=11)]))"
+    )
+    outputs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+        outputs.append(json.loads(result.stdout))
+    assert outputs[0] == outputs[1]
+    assert outputs[0] == [p.to_dict() for p in generate_problems("train", 50, seed=11)]
+
+
+def test_derive_seed_is_stable_sha256():
+    # `printf 'a:1' | sha256sum` = 2b2c40a6706d9e5f...; the seed is its first 8 bytes, big-endian.
+    assert derive_seed("a", 1) == 0x2B2C40A6706D9E5F == 3110932526201151071
+    assert derive_seed("a", 1) != derive_seed("a", 2)
+    assert derive_seed("train", 5) == derive_seed("train", "5")
+
+
+def test_splits_are_disjoint_by_question_text(train_problems, eval_problems):
+    train_questions = {p.question for p in train_problems}
+    assert not train_questions & {p.question for p in eval_problems}
+    # Same seed for both splits still cannot collide: the question space itself is partitioned.
+    same_seed_eval = generate_problems("eval", 500, seed=DEFAULT_SEEDS["train"])
+    assert not train_questions & {p.question for p in same_seed_eval}
+    assert all(split_of_question(p.question) == "train" for p in train_problems)
+    assert all(split_of_question(p.question) == "eval" for p in eval_problems)
+
+
+def test_eval_bucket_holds_about_a_tenth_of_all_questions():
+    questions = [f"question number {i}" for i in range(5000)]
+    eval_share = sum(split_of_question(q) == "eval" for q in questions) / len(questions)
+    assert 0.08 < eval_share < 0.12
+
+
+def test_ids_are_sequential_and_questions_unique(train_problems):
+    assert [p.id for p in train_problems[:3]] == ["arith-train-000000", "arith-train-000001", "arith-train-000002"]
+    assert len({p.id for p in train_problems}) == len(train_problems)
+    assert len({p.question for p in train_problems}) == len(train_problems)
+
+
+def test_levels_equal_number_of_operations(train_problems):
+    assert {p.level for p in train_problems} == {1, 2, 3}
+    for problem in train_problems:
+        assert len(re.findall(r" [-+*/] ", problem.expression)) == problem.level
+        assert problem.solution.count(" = ") == problem.level
+
+
+def test_requested_levels_only():
+    problems = generate_problems("train", 100, levels=(2,))
+    assert {p.level for p in problems} == {2}
+    with pytest.raises(ValueError, match="levels"):
+        generate_problems("train", 10, levels=(4,))
+
+
+def test_answers_match_an_independent_evaluation(train_problems, eval_problems):
+    for problem in train_problems + eval_problems:
+        value = evaluate_exactly(problem.expression)
+        assert value.denominator == 1, problem
+        assert 2 <= value <= MAX_VALUE
+        assert problem.answer == str(value.numerator)
+
+
+def test_solutions_are_correct_chains_ending_in_boxed_answer(train_problems):
+    step_pattern = re.compile(r"^(\d+) ([-+*/]) (\d+) = (\d+)$")
+    for problem in train_problems:
+        lines = problem.solution.split("\n")
+        assert problem.solution.endswith(f"\\boxed{{{problem.answer}}}")
+        steps = [step_pattern.match(line) for line in lines[1:-1]]
+        assert all(steps), problem.solution
+        previous = None
+        for step in steps:
+            left, op, right, result = int(step[1]), step[2], int(step[3]), int(step[4])
+            assert evaluate_exactly(f"{left} {op} {right}") == result
+            assert previous is None or left == previous
+            assert 2 <= result <= MAX_VALUE
+            previous = result
+        assert str(previous) == problem.answer
+
+
+def test_question_states_every_number_of_the_expression(train_problems):
+    for problem in train_problems[:500]:
+        numbers_in_expression = re.findall(r"\d+", problem.expression)
+        numbers_in_question = re.findall(r"\d+", problem.question)
+        assert numbers_in_question == numbers_in_expression
+
+
+def test_level_one_wording():
+    problem = next(p for p in generate_problems("train", 50) if p.level == 1)
+    assert re.fullmatch(r"\w+ (has|starts with|owns) \d+ [a-z ]+ and [^.]+\. How many [a-z ]+ does \w+ have (now|in the end)\?",
+                        problem.question), problem.question
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="split"):
+        generate_problems("test", 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_problems"):
+        generate_problems("train", -1)
+    assert generate_problems("train", 0) == []
