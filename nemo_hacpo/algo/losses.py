@@ -72,6 +72,7 @@ def hacpo_loss(
     eps_high: float,
     max_abs_log_ratio: float = 10.0,
     num_sequences: float | None = None,
+    cross_clip: bool = True,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """HACPO policy loss of one learner over `N` sequences (self and cross rows pooled).
 
@@ -103,6 +104,8 @@ def hacpo_loss(
         max_abs_log_ratio: c > 0, clamp on |log s| (spec 10).
         num_sequences: global normaliser D (e.g. sequences in the optimizer mini-batch over all
             micro-batches and DP ranks); None → D = N (then N must be > 0).
+        cross_clip: False is the "no cross clip" ablation: `s_c = s` (no [lo_u, 1] clip, so cross rows
+            always pass gradient `−s^(1+α)·ω·A / D`); the log-ratio clamp still applies.
 
     Returns:
         `(loss, metrics)`; metrics (0-d detached tensors, NaN over an empty set):
@@ -146,7 +149,7 @@ def hacpo_loss(
 
     self_clipped = ratio.clamp(min=1.0 - eps_low, max=1.0 + eps_high)
     self_objective = torch.minimum(ratio * advantages, self_clipped * advantages)
-    cross_clipped = ratio.clamp(min=lower, max=1.0)
+    cross_clipped = ratio.clamp(min=lower, max=1.0) if cross_clip else ratio
     cross_weight = cross_clipped.detach().pow(alpha) * omega  # sg(s_c)^α · ω
     cross_objective = cross_clipped * cross_weight * advantages
     objective = torch.where(is_cross, cross_objective, self_objective)  # [N]
@@ -159,7 +162,7 @@ def hacpo_loss(
         )
         log_clamped = raw_log_ratio.abs() > max_abs_log_ratio
         all_rows = torch.ones_like(is_cross)
-        cross_low, cross_high = ratio < lower, ratio > 1.0
+        cross_low, cross_high = (ratio < lower, ratio > 1.0) if cross_clip else (ratio < 0, ratio < 0)
         self_mean, self_min, self_max = _masked_stats(ratio, is_self)
         cross_mean, cross_min, cross_max = _masked_stats(ratio, is_cross)
         metrics = {

@@ -109,6 +109,17 @@ def test_cross_rows_outside_clip_range_have_zero_gradient_but_count_in_the_mean(
     assert metrics["cross_zero_grad_frac"].item() == pytest.approx(2 / 3)
 
 
+def test_no_cross_clip_ablation_passes_every_cross_gradient():
+    # Same rows as above, cross_clip=False: s_c = s. α = 1, ω = 1, A = 1 →
+    # objectives s·s = 0.49, 1.21, 0.81 → loss = −2.51/3; d obj/d m = s^2 → grads −[0.49, 1.21, 0.81]/3
+    learner, behaviour, adv, is_cross, omega = rows([0.7, 1.1, 0.9], [1.0, 1.0, 1.0], [True] * 3, [1.0] * 3)
+    loss, metrics = hacpo_loss(learner, behaviour, adv, is_cross, omega, 0, **SPEC, cross_clip=False)
+    assert loss.item() == pytest.approx(-2.51 / 3, rel=1e-12)
+    loss.backward()
+    assert learner.grad.tolist() == pytest.approx([-0.49 / 3, -1.21 / 3, -0.81 / 3], rel=1e-12)
+    assert metrics["cross_zero_grad_frac"].item() == 0.0 and metrics["cross_clip_low_frac"].item() == 0.0
+
+
 def test_cross_clip_boundaries_are_closed():
     # δ = 0.5 → lo_u = 0.5 at u = 0; s exactly 0.5 and exactly 1 both pass gradient.
     learner, behaviour, adv, is_cross, omega = rows([0.5, 1.0], [1.0, 1.0], [True, True], [1.0, 1.0])
