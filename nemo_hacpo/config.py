@@ -321,7 +321,7 @@ class RewardConfig:
     """Per-answer time limit; a timeout scores 0."""
     num_workers: int = 2
     """Scoring processes (0 = in the driver)."""
-    max_response_chars: int = 20000
+    max_response_chars: int = 16384
     """Longer responses are truncated (keeping the end) before parsing."""
 
 

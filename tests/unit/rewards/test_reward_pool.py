@@ -1,0 +1,229 @@
+"""MathRewardScorer: real worker processes, real timeouts, order and counters.
+
+The shared pool uses loose bracket-depth limits so that genuinely slow math-verify inputs reach the
+workers: 22 nested \\frac (sympy simplification, interrupted by the worker's SIGALRM) and math-verify's
+own regexes on "$$\\boxed{x}\\boxed{x}..." (lenient mode). The kill path uses the scorer's
+``_debug_hang_marker``: that worker blocks SIGALRM and sleeps, like a hang inside C code, and the driver
+must kill and replace it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from nemo_hacpo.rewards.math import RewardReason, ScoredAnswer, VerifyLimits
+from nemo_hacpo.rewards.pool import MathRewardScorer, RewardBatch, count_reasons
+
+TIMEOUT_S = 1.0
+KILL_GRACE_S = 0.5
+HANG = "HANG_MARKER"
+SLOW_FRAC = "\\boxed{" + "\\frac{" * 22 + "1" + "}{2}" * 22 + "}"  # > 5 s of sympy work
+SLOW_REGEX = "$$" + "\\boxed{x}" * 400  # math-verify's lenient regexes backtrack for > 3 s
+
+MIXED = [  # (response, gold, reward, reason)
+    ("\\boxed{\\frac{1}{2}}", "0.5", 1.0, RewardReason.CORRECT),
+    ("I think 5", "5", 0.0, RewardReason.NO_ANSWER),
+    ("\\boxed{0.333}", "1/3", 0.0, RewardReason.WRONG),
+    ("", "5", 0.0, RewardReason.EMPTY),
+    ("\\boxed{10^{10^{10}}}", "5", 0.0, RewardReason.REJECTED),
+    ("\\boxed{3}", "\\frac{", 0.0, RewardReason.INVALID_GOLD),
+    ("\\boxed{@#&}", "5", 0.0, RewardReason.UNPARSABLE),
+    ("\\boxed{x = 7}", "7", 1.0, RewardReason.CORRECT),
+    (5, "5", 0.0, RewardReason.ERROR),
+    ("\\boxed{42}", "42", 1.0, RewardReason.CORRECT),
+]
+
+
+@pytest.fixture(scope="module")
+def scorer() -> Iterator[MathRewardScorer]:
+    with MathRewardScorer(
+        num_workers=2,
+        timeout_s=TIMEOUT_S,
+        kill_grace_s=KILL_GRACE_S,
+        limits=VerifyLimits(max_bracket_depth=100),
+        _debug_hang_marker=HANG,
+    ) as pool:
+        assert pool.wait_until_ready(timeout_s=120)
+        yield pool
+
+
+def _score_mixed(pool: MathRewardScorer) -> RewardBatch:
+    return pool.score([case[0] for case in MIXED], [case[1] for case in MIXED])
+
+
+def test_order_rewards_and_counts(scorer: MathRewardScorer) -> None:
+    batch = _score_mixed(scorer)
+    assert batch.rewards == [case[2] for case in MIXED]
+    assert batch.reasons == [case[3] for case in MIXED]
+    assert batch.counts == {
+        "correct": 3,
+        "wrong": 1,
+        "no_answer": 1,
+        "unparsable": 1,
+        "empty": 1,
+        "rejected": 1,
+        "timeout": 0,
+        "invalid_gold": 1,
+        "error": 1,
+        "truncated_input": 0,
+    }
+    assert batch.accuracy == pytest.approx(0.3)
+    metrics = batch.metrics()
+    assert metrics["reward/accuracy"] == pytest.approx(0.3) and metrics["reward/correct"] == 3.0
+
+
+def test_order_is_kept_over_many_answers(scorer: MathRewardScorer) -> None:
+    golds = [str(value) for value in range(60)]
+    responses = [
+        f"\\boxed{{\\frac{{{2 * value}}}{{2}}}}" if value % 3 else "\\boxed{-1}" for value in range(60)
+    ]
+    batch = scorer.score(responses, golds)
+    assert batch.rewards == [0.0 if value % 3 == 0 else 1.0 for value in range(60)]
+
+
+def test_truncated_input_is_counted(scorer: MathRewardScorer) -> None:
+    long_response = "x" * 20_000 + " \\boxed{5}"
+    batch = scorer.score([long_response, "\\boxed{5}"], ["5", "5"])
+    assert batch.rewards == [1.0, 1.0]
+    assert batch.truncated == [True, False]
+    assert batch.counts["truncated_input"] == 1
+
+
+def test_slow_answer_soft_timeout_keeps_the_worker(scorer: MathRewardScorer) -> None:
+    assert scorer.wait_until_ready(timeout_s=120)
+    pids_before = scorer.worker_pids
+    started = time.monotonic()
+    batch = scorer.score([SLOW_FRAC, "\\boxed{\\frac{4}{2}}", "\\boxed{1.5}"], ["1", "2", "3/2"])
+    elapsed = time.monotonic() - started
+    assert batch.reasons == [RewardReason.TIMEOUT, RewardReason.CORRECT, RewardReason.CORRECT]
+    assert TIMEOUT_S * 0.9 <= elapsed < TIMEOUT_S + KILL_GRACE_S + 1.0
+    assert scorer.worker_pids == pids_before  # the worker's own alarm fired: nothing was killed
+
+
+def test_lenient_regex_blowup_times_out(scorer: MathRewardScorer) -> None:
+    batch = scorer.score([SLOW_REGEX, "The answer is 4."], ["5", "4"], strict=False)
+    assert batch.reasons == [RewardReason.TIMEOUT, RewardReason.CORRECT]
+
+
+def test_hung_worker_is_killed_and_replaced(scorer: MathRewardScorer) -> None:
+    assert scorer.wait_until_ready(timeout_s=120)
+    restarts_before = scorer.metrics()["worker_restarts"]
+    pids_before = set(scorer.worker_pids)
+    # Fractions, not integers: integer answers are settled in the driver without a worker.
+    responses = ["\\boxed{\\frac{2}{2}}", f"\\boxed{{{HANG}}}"] + [
+        f"\\boxed{{\\frac{{{2 * value}}}{{2}}}}" for value in range(2, 12)
+    ]
+    golds = ["1", "0"] + [str(value) for value in range(2, 12)]
+    started = time.monotonic()
+    batch = scorer.score(responses, golds)
+    elapsed = time.monotonic() - started
+    assert batch.reasons[1] is RewardReason.TIMEOUT and "killed" in batch.details[1]
+    assert batch.rewards[:1] + batch.rewards[2:] == [1.0] * 11  # the other answers all came back
+    assert elapsed < TIMEOUT_S + KILL_GRACE_S + 2.0  # the batch did not wait for more than one kill
+    assert scorer.metrics()["worker_restarts"] == restarts_before + 1
+    assert len(pids_before & set(scorer.worker_pids)) == 1  # exactly one worker was replaced
+    # The pool still scores afterwards, with both workers.
+    assert _score_mixed(scorer).rewards == [case[2] for case in MIXED]
+
+
+def test_worker_killed_from_outside_is_an_error_not_a_crash(scorer: MathRewardScorer) -> None:
+    assert scorer.wait_until_ready(timeout_s=120)
+    pids = [pid for pid in scorer.worker_pids if pid is not None]
+    timer = threading.Timer(0.5, lambda: [os.kill(pid, signal.SIGKILL) for pid in pids])
+    timer.start()
+    batch = scorer.score([f"\\boxed{{{HANG}}}"], ["1"])
+    timer.join()
+    assert batch.reasons == [RewardReason.ERROR]
+    assert "worker died" in batch.details[0]
+    assert scorer.score(["\\boxed{4/2}", "\\boxed{6/2}"], ["2", "3"]).rewards == [1.0, 1.0]
+    assert not set(pids) & set(scorer.worker_pids)
+
+
+def test_scoring_from_another_thread(scorer: MathRewardScorer) -> None:
+    """Ray actors call from non-main threads: the workers own the alarms, so limits still apply."""
+    results: list[RewardBatch] = []
+    thread = threading.Thread(
+        target=lambda: results.append(scorer.score([SLOW_FRAC, "\\boxed{2}"], ["1", "2"]))
+    )
+    thread.start()
+    thread.join(timeout=30)
+    assert results and results[0].reasons == [RewardReason.TIMEOUT, RewardReason.CORRECT]
+
+
+def test_cumulative_metrics(scorer: MathRewardScorer) -> None:
+    before = scorer.metrics()
+    scorer.score(["\\boxed{1}", "\\boxed{2}", "no"], ["1", "3", "1"])
+    after = scorer.metrics()
+    assert after["answers"] - before["answers"] == 3
+    assert after["correct"] - before["correct"] == 1
+    assert after["wrong"] - before["wrong"] == 1
+    assert after["no_answer"] - before["no_answer"] == 1
+    assert after["batches"] - before["batches"] == 1
+    assert 0.0 <= after["accuracy"] <= 1.0
+
+
+def test_invalid_gold_is_logged_once(scorer: MathRewardScorer, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="nemo_hacpo.rewards.pool"):
+        scorer.score(["\\boxed{1}"] * 3, ["\\frac{{{"] * 3)
+    assert caplog.text.count("invalid gold") == 1
+
+
+def test_empty_batch_and_bad_arguments(scorer: MathRewardScorer) -> None:
+    empty = scorer.score([], [])
+    assert empty.rewards == [] and empty.accuracy == 0.0
+    with pytest.raises(ValueError, match="golds"):
+        scorer.score(["a"], [])
+
+
+def test_in_process_path() -> None:
+    with MathRewardScorer(
+        num_workers=0, timeout_s=TIMEOUT_S, limits=VerifyLimits(max_bracket_depth=100)
+    ) as pool:
+        batch = _score_mixed(pool)
+        assert batch.rewards == [case[2] for case in MIXED]
+        expected = Counter(case[3].value for case in MIXED)
+        assert batch.counts == {reason.value: expected[reason.value] for reason in RewardReason} | {
+            "truncated_input": 0
+        }
+        started = time.monotonic()
+        slow = pool.score([SLOW_FRAC, "\\boxed{2}"], ["1", "2"])
+        assert slow.reasons == [RewardReason.TIMEOUT, RewardReason.CORRECT]
+        assert time.monotonic() - started < TIMEOUT_S + 1.0
+        assert pool.worker_pids == []
+
+
+def test_closed_scorer_refuses_work() -> None:
+    pool = MathRewardScorer(num_workers=0)
+    pool.close()
+    pool.close()  # idempotent
+    with pytest.raises(ValueError, match="closed"):
+        pool.score(["\\boxed{1}"], ["1"])
+
+
+def test_fork_start_method_is_refused() -> None:
+    with pytest.raises(ValueError, match="fork"):
+        MathRewardScorer(num_workers=1, start_method="fork")
+
+
+def test_count_reasons_includes_zeros_and_truncation() -> None:
+    scored = [
+        ScoredAnswer.of(RewardReason.CORRECT, truncated=True),
+        ScoredAnswer.of(RewardReason.TIMEOUT),
+        ScoredAnswer.of(RewardReason.TIMEOUT, truncated=True),
+    ]
+    counts = count_reasons(scored)
+    assert counts["correct"] == 1 and counts["timeout"] == 2 and counts["truncated_input"] == 2
+    assert counts["wrong"] == 0 and len(counts) == len(RewardReason) + 1
+
+
+def test_forkserver_start_method_scores() -> None:
+    with MathRewardScorer(num_workers=1, start_method="forkserver", timeout_s=TIMEOUT_S) as pool:
+        assert pool.wait_until_ready(timeout_s=120)
+        assert pool.score(["\\boxed{\\frac{6}{4}}", "\\boxed{2}"], ["1.5", "3"]).rewards == [1.0, 0.0]
