@@ -1,0 +1,220 @@
+"""Agent model source → a normalised architecture → Megatron `TransformerConfig`, layer spec and `GPTModel`.
+
+    arch   = model_arch(agent, tokenizer_vocab=len(tokenizer))   # tiny spec, local HF config.json or recipe
+    config = transformer_config(arch, agent.parallel, agent.precision, device="cpu")
+    model  = build_gpt_model(arch, config, use_te=False, pre_process=..., post_process=...)
+
+`ModelArch` is the one description both the Megatron builder and the HF converter read, so a tiny agent
+can be exported to (and served by vLLM as) the HF family it resembles: RMSNorm + SwiGLU + RoPE → Llama
+(Qwen3 with QK-norm), LayerNorm + GELU + learned positions (+ biases) → GPT-2.
+CPU uses Megatron's local layer spec with every CUDA fusion off; GPU uses the Transformer Engine spec,
+where FP8 is available. Transformer Engine and Megatron-Bridge are imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from nemo_hacpo.config import AgentConfig, ParallelConfig, PrecisionConfig, TinyModelSpec
+
+Family = Literal["llama", "mistral", "qwen2", "qwen3", "gpt2"]
+HF_FAMILIES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+VOCAB_MULTIPLE = 128
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelArch:
+    """Everything that fixes a decoder's shapes and maths (what HF config.json and Megatron must agree on)."""
+
+    family: Family | None  # HF family it exports to; None = no HF equivalent (not servable by vLLM)
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int  # true vocabulary (tokenizer / HF embedding rows); Megatron pads it (padded_vocab_size)
+    normalization: Literal["RMSNorm", "LayerNorm"]
+    norm_eps: float
+    activation: Literal["swiglu", "gelu"]
+    position_embedding: Literal["rope", "learned_absolute"]
+    rotary_base: float
+    rope_scaling_factor: float | None  # Llama-3.1-style RoPE scaling factor (None = off)
+    max_position_embeddings: int
+    tie_embeddings: bool
+    qk_layernorm: bool
+    add_bias_linear: bool  # biases on every linear layer (GPT-2)
+    add_qkv_bias: bool  # biases on QKV only (Qwen2)
+    init_std: float = 0.02
+
+    def padded_vocab_size(self, tp: int) -> int:
+        """Embedding rows in Megatron: the vocabulary rounded up to a multiple of 128·TP."""
+        multiple = VOCAB_MULTIPLE * tp
+        return -(-self.vocab_size // multiple) * multiple
+
+
+def arch_from_tiny(spec: TinyModelSpec, vocab_size: int) -> ModelArch:
+    """A built-in tiny spec, mapped to the HF family with the same maths when there is one."""
+    llama_like = (spec.normalization, spec.activation, spec.position_embedding) == ("RMSNorm", "swiglu", "rope")
+    gpt2_like = (spec.normalization, spec.activation, spec.position_embedding) == ("LayerNorm", "gelu",
+                                                                                  "learned_absolute")
+    family: Family | None = None
+    if llama_like:
+        family = "qwen3" if spec.qk_layernorm else "llama"
+    elif gpt2_like and not spec.qk_layernorm and spec.num_query_groups in (None, spec.num_attention_heads):
+        family = "gpt2"
+    return ModelArch(
+        family=family, num_layers=spec.num_layers, hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_attention_heads,
+        num_query_groups=spec.num_query_groups or spec.num_attention_heads,
+        head_dim=spec.hidden_size // spec.num_attention_heads, ffn_hidden_size=spec.ffn_hidden_size,
+        vocab_size=vocab_size, normalization=spec.normalization,
+        norm_eps=1e-5 if spec.normalization == "LayerNorm" else 1e-6, activation=spec.activation,
+        position_embedding=spec.position_embedding, rotary_base=float(spec.rotary_base), rope_scaling_factor=None,
+        max_position_embeddings=spec.max_position_embeddings, tie_embeddings=spec.tie_embeddings,
+        qk_layernorm=spec.qk_layernorm, add_bias_linear=family == "gpt2", add_qkv_bias=False, init_std=spec.init_std,
+    )
+
+
+def arch_from_hf_config(hf: dict[str, Any]) -> ModelArch:
+    """Read a Llama / Mistral / Qwen2 / Qwen3 / GPT-2 `config.json` dict."""
+    family = hf.get("model_type")
+    if family not in HF_FAMILIES:
+        raise ValueError(f"unsupported HF model_type {family!r}; supported: {list(HF_FAMILIES)}")
+    if family == "gpt2":
+        hidden, heads = hf["n_embd"], hf["n_head"]
+        act = hf.get("activation_function", "gelu_new")
+        if act != "gelu":
+            raise ValueError(f"GPT-2 activation {act!r} is not supported (Megatron's GELU is the exact erf form: "
+                             "use activation_function='gelu')")
+        return ModelArch(
+            family="gpt2", num_layers=hf["n_layer"], hidden_size=hidden, num_attention_heads=heads,
+            num_query_groups=heads, head_dim=hidden // heads, ffn_hidden_size=hf.get("n_inner") or 4 * hidden,
+            vocab_size=hf["vocab_size"], normalization="LayerNorm", norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+            activation="gelu", position_embedding="learned_absolute", rotary_base=10000.0, rope_scaling_factor=None,
+            max_position_embeddings=hf["n_positions"], tie_embeddings=hf.get("tie_word_embeddings", True),
+            qk_layernorm=False, add_bias_linear=True, add_qkv_bias=False,
+            init_std=hf.get("initializer_range", 0.02))
+    hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{family}: hidden_act {hf.get('hidden_act')!r} is not supported (expected 'silu')")
+    scaling = hf.get("rope_scaling") or {}
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if rope_type not in (None, "default", "llama3"):
+        raise ValueError(f"{family}: rope_scaling type {rope_type!r} is not supported (default or llama3 only)")
+    if rope_type == "llama3" and (scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0),
+                                  scaling.get("original_max_position_embeddings", 8192)) != (1.0, 4.0, 8192):
+        raise ValueError(f"{family}: llama3 rope_scaling must use Megatron's fixed low/high factors 1/4 and 8192")
+    rope_theta = hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    return ModelArch(
+        family=family, num_layers=hf["num_hidden_layers"], hidden_size=hidden, num_attention_heads=heads,
+        num_query_groups=hf.get("num_key_value_heads") or heads, head_dim=hf.get("head_dim") or hidden // heads,
+        ffn_hidden_size=hf["intermediate_size"], vocab_size=hf["vocab_size"], normalization="RMSNorm",
+        norm_eps=hf.get("rms_norm_eps", 1e-6), activation="swiglu", position_embedding="rope",
+        rotary_base=float(rope_theta), rope_scaling_factor=scaling.get("factor") if rope_type == "llama3" else None,
+        max_position_embeddings=hf["max_position_embeddings"], tie_embeddings=hf.get("tie_word_embeddings", False),
+        qk_layernorm=family == "qwen3", add_bias_linear=False,
+        add_qkv_bias=family == "qwen2" or bool(hf.get("attention_bias", False)),
+        init_std=hf.get("initializer_range", 0.02))
+
+
+def arch_from_hf(path: str | Path) -> ModelArch:
+    config_path = Path(path) / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no HF config at {config_path.resolve()} (checkpoints are never downloaded)")
+    return arch_from_hf_config(json.loads(config_path.read_text()))
+
+
+def arch_from_recipe(name: str) -> ModelArch:
+    """A NeMo-framework recipe's model provider, where Megatron-Bridge is installed (GPU containers)."""
+    try:
+        from megatron.bridge import recipes  # noqa: F401  (lazy: not installable on the CPU machines)
+    except ImportError as err:
+        raise ImportError(f"model.source 'recipe' ({name!r}) needs Megatron-Bridge, which is not installed here; "
+                          "use source 'hf' with a local checkpoint or run in the NGC container") from err
+    raise NotImplementedError(f"recipe {name!r}: Megatron-Bridge recipes are not wired in yet; use source 'hf'")
+
+
+def model_arch(agent: AgentConfig, tokenizer_vocab: int | None = None) -> ModelArch:
+    """The architecture of an agent's model. Tiny models take their vocabulary from the tokenizer."""
+    source = agent.model
+    if source.source == "tiny":
+        if tokenizer_vocab is None:
+            raise ValueError(f"agent {agent.name!r}: a tiny model needs the tokenizer's vocabulary size")
+        return arch_from_tiny(source.tiny, tokenizer_vocab)
+    if source.source == "hf":
+        return arch_from_hf(source.path)
+    return arch_from_recipe(source.recipe)
+
+
+def transformer_config(arch: ModelArch, parallel: ParallelConfig, precision: PrecisionConfig,
+                       device: Literal["cpu", "cuda"] = "cpu", **overrides: Any):
+    """Megatron `TransformerConfig` for `arch` under the agent's layout and numerics.
+
+    CPU: fp32, no fusions, no sequence parallel (spec/cpu-notes.md). CUDA: the dtype asked for, fusions on,
+    and FP8 (format, recipe, fp8_param, BF16 first/last layers) mapped onto Megatron's fields.
+    """
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    dtype = DTYPES[precision.dtype]
+    on_gpu = device == "cuda"
+    if not on_gpu and (precision.dtype != "fp32" or precision.fp8 is not None):
+        raise ValueError("CPU training runs in fp32 without FP8 (precision.dtype: fp32, precision.fp8: null)")
+    fields: dict[str, Any] = dict(
+        num_layers=arch.num_layers, hidden_size=arch.hidden_size, ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_query_groups,
+        kv_channels=arch.head_dim, normalization=arch.normalization, layernorm_epsilon=arch.norm_eps,
+        gated_linear_unit=arch.activation == "swiglu",
+        activation_func=torch.nn.functional.silu if arch.activation == "swiglu" else torch.nn.functional.gelu,
+        add_bias_linear=arch.add_bias_linear, add_qkv_bias=arch.add_qkv_bias or arch.add_bias_linear,
+        qk_layernorm=arch.qk_layernorm, init_method_std=arch.init_std,
+        hidden_dropout=0.0, attention_dropout=0.0,  # RL fine-tuning: log-probs must be deterministic
+        tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
+        context_parallel_size=parallel.cp, sequence_parallel=parallel.sequence_parallel,
+        params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        bias_dropout_fusion=on_gpu, apply_rope_fusion=on_gpu and arch.position_embedding == "rope",
+        masked_softmax_fusion=on_gpu, gradient_accumulation_fusion=False, bias_activation_fusion=on_gpu,
+        persist_layer_norm=False,
+    )
+    if precision.fp8 is not None:
+        fields.update(fp8=precision.fp8, fp8_recipe=precision.fp8_recipe, fp8_param=precision.fp8_param,
+                      first_last_layers_bf16=precision.first_last_layers_bf16,
+                      num_layers_at_start_in_bf16=precision.num_layers_at_start_in_bf16,
+                      num_layers_at_end_in_bf16=precision.num_layers_at_end_in_bf16)
+    return TransformerConfig(**(fields | overrides))
+
+
+def layer_spec(arch: ModelArch, use_te: bool):
+    """Megatron layer spec: Transformer Engine on GPU (needed for FP8), the local torch spec otherwise."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if use_te:
+        try:
+            import transformer_engine  # noqa: F401
+        except ImportError as err:
+            raise ImportError("the Transformer Engine layer spec (GPU, FP8) needs transformer-engine; "
+                              "install the `gpu` extra or use the NGC container") from err
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
+    return gpt_layer_specs.get_gpt_layer_local_spec(normalization=arch.normalization, qk_layernorm=arch.qk_layernorm)
+
+
+def build_gpt_model(arch: ModelArch, config, *, use_te: bool = False, pre_process: bool = True,
+                    post_process: bool = True, vp_stage: int | None = None):
+    """A Megatron `GPTModel` (this rank's pipeline stage) for `arch`; `config` from `transformer_config`."""
+    from megatron.core.models.gpt import GPTModel
+
+    return GPTModel(
+        config=config, transformer_layer_spec=layer_spec(arch, use_te),
+        vocab_size=arch.padded_vocab_size(config.tensor_model_parallel_size),
+        max_sequence_length=arch.max_position_embeddings, pre_process=pre_process, post_process=post_process,
+        share_embeddings_and_output_weights=arch.tie_embeddings, position_embedding_type=arch.position_embedding,
+        rotary_base=int(arch.rotary_base), rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor or 8.0, vp_stage=vp_stage,
+    )
