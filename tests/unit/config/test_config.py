@@ -152,7 +152,7 @@ def test_tp_must_divide_kv_heads():
 
 
 def test_pp_must_divide_layers():
-    _assert_names(_error(["agents.1.parallel.pp=3"]), "agents[1].parallel.pp", "2 layers")
+    _assert_names(_error(["agents.1.parallel.pp=3"]), "agents[1].parallel.pp", "4 layers")
 
 
 def test_kv_heads_must_divide_heads():
