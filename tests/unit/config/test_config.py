@@ -287,3 +287,10 @@ def test_steps_and_reward_timeout():
     err = _error(["runtime.steps=0", "reward.timeout_s=0"])
     _assert_names(err, "runtime.steps")
     _assert_names(err, "reward.timeout_s")
+
+
+def test_trio_tiny_has_three_heterogeneous_agents():
+    cfg = load_config("trio_tiny")
+    assert [a.name for a in cfg.agents] == ["llama_tiny", "gpt_tiny", "qwen_tiny"]
+    assert cfg.agents[2].model.tiny.qk_layernorm and cfg.agents[2].tokenizer.chat_template.startswith("{% for m")
+    assert cfg.algo.sequences_per_learner(3) == 96  # n·B·G = 3·8·4
