@@ -1,0 +1,65 @@
+"""Metric sinks: JSONL is the record, the console line shows rate and ETA, curves become a PNG and a table."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from nemo_hacpo.runtime.metrics import (
+    MetricsLogger,
+    format_duration,
+    markdown_table,
+    read_metrics,
+    select_series,
+    write_curves,
+)
+
+
+def test_jsonl_console_and_tensorboard(tmp_path):
+    stream = io.StringIO()
+    with MetricsLogger(tmp_path, ("console", "jsonl", "tensorboard"), total_steps=4, stream=stream) as logger:
+        for step in (1, 2):
+            logger.log(step, {"a/reward_mean": torch.tensor(0.25 * step), "a/loss": 1.0 / step, "b/accuracy": 0.5})
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[1]["a/reward_mean"] == 0.5 and records[1]["a/loss"] == 0.5
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("step 1/4 | ") and "ETA" in lines[0] and "s/step" in lines[0]
+    assert "a/reward_mean=0.500" in lines[1] and "b/accuracy=0.500" in lines[1] and "a/loss" not in lines[1]
+    assert any((tmp_path / "tensorboard").iterdir())
+
+
+def test_appends_across_restarts(tmp_path):
+    with MetricsLogger(tmp_path, ("jsonl",)) as logger:
+        logger.log(1, {"x": 1.0})
+    with MetricsLogger(tmp_path, ("jsonl",), start_step=1) as logger:
+        logger.log(2, {"x": 2.0})
+    assert [r["x"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1.0, 2.0]
+
+
+def test_unknown_sink_and_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="unknown metric sinks \\['wandb'\\]"):
+        MetricsLogger(tmp_path, ("wandb",))
+    with pytest.raises(FileNotFoundError, match="no metrics file at"):
+        read_metrics(tmp_path / "nope.jsonl")
+
+
+def test_curves_table_and_series(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps({"step": s, "time": 0, "a/reward_mean": s / 10, "b/reward_mean": s / 20,
+                                          "a/loss": 1.0}) for s in range(1, 6)))
+    series = select_series(read_metrics(path), ["*/reward_mean"])
+    assert sorted(series) == ["a/reward_mean", "b/reward_mean"] and series["b/reward_mean"][-1] == (5, 0.25)
+    png = write_curves(path, tmp_path / "plots" / "reward.png", ["*/reward_mean"], title="reward")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="matches"):
+        write_curves(path, tmp_path / "x.png", ["*/nothing"])
+    table = markdown_table([{"agent": "a", "start": 0.1, "end": 0.5}], ["agent", "start", "end"])
+    assert table.splitlines() == ["| agent | start | end |", "|---|---|---|", "| a | 0.100 | 0.500 |"]
+
+
+def test_format_duration():
+    assert format_duration(59.6) == "1:00" and format_duration(3725) == "1:02:05" and format_duration(float("nan")) == "?"
