@@ -16,9 +16,11 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
 fi
 
 start=$(date +%s)
-echo "[setup] creating $VENV with $PY" >&2
 if [[ ! -x "$VENV/bin/python" ]]; then
+    echo "[setup] creating $VENV with $PY" >&2
     "$PY" -m venv "$VENV"
+else
+    echo "[setup] updating $VENV (pyproject.toml or this script changed)" >&2
 fi
 LOG="$VENV/setup.log"
 # pip's chatter goes to a log; on failure its tail is printed.

@@ -105,7 +105,11 @@ def arch_from_hf_config(hf: dict[str, Any]) -> ModelArch:
     hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"{family}: hidden_act {hf.get('hidden_act')!r} is not supported (expected 'silu')")
-    scaling = hf.get("rope_scaling") or {}
+    if (family != "qwen2" and hf.get("attention_bias")) or hf.get("mlp_bias"):
+        raise ValueError(f"{family}: attention_bias / mlp_bias put biases on o_proj / the MLP, which Megatron's "
+                         "QKV-only bias (add_qkv_bias) cannot hold; not supported")
+    # transformers >= 5 writes RoPE settings (incl. llama3 scaling) under `rope_parameters`
+    scaling = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     rope_type = scaling.get("rope_type", scaling.get("type"))
     if rope_type not in (None, "default", "llama3"):
         raise ValueError(f"{family}: rope_scaling type {rope_type!r} is not supported (default or llama3 only)")
