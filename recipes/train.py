@@ -4,6 +4,7 @@
     python recipes/train.py --config-name pair_tiny algo=gspo runtime.steps=20
     python recipes/train.py --cfg job                         # print the resolved config and exit
     python recipes/train.py --describe                        # every config key with its docstring
+    python recipes/train.py --config-name pair_large --plan   # GPUs, layout, memory per GPU; refuses a misfit
 
 Overrides are Hydra's `key=value` (list items by index: `agents.0.optimizer.lr=1e-5`), config groups
 (`algo=gspo_x2`). The recipe composes components; the step loop lives in `nemo_hacpo.runtime`.
@@ -23,8 +24,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--config-dir", "-cd", default=None, help="directory holding the configs (default: conf/)")
     parser.add_argument("--cfg", choices=["job"], help="print the resolved config and exit")
     parser.add_argument("--describe", action="store_true", help="list every config key with its meaning and exit")
+    parser.add_argument("--plan", action="store_true",
+                        help="print GPUs, layout and memory per GPU of every agent; exit 2 if a layout cannot fit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algo=gspo runtime.steps=20")
     return parser.parse_args(argv)
+
+
+def print_plan(cfg) -> int:
+    from nemo_hacpo.models.spec import model_arch
+    from nemo_hacpo.models.tokenizers import load_tokenizer
+    from nemo_hacpo.runtime.plan import format_plan, plan_agent
+
+    plans = []
+    for agent in cfg.agents:
+        vocab = len(load_tokenizer(agent.tokenizer.source)) if agent.model.source == "tiny" else None
+        plans.append(plan_agent(agent, model_arch(agent, vocab), cfg))
+    print(format_plan(plans, cfg))
+    return 0 if all(p.fits for p in plans) else 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.cfg == "job":
         return 0
+    if args.plan:
+        return print_plan(cfg)
 
     try:
         from nemo_hacpo.runtime import train  # the Ray step loop (issue: "The main job")
