@@ -482,6 +482,10 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
                                    "set precision.fp8: null on CPU"))
         if prec.dtype == "fp32":
             out.append(ConfigIssue(f"{key}.precision.dtype", "FP8 runs with a bf16/fp16 base dtype", "set dtype: bf16"))
+        if prec.fp8_recipe == "delayed" and prec.first_last_layers_bf16:
+            out.append(ConfigIssue(f"{key}.precision.first_last_layers_bf16",
+                                   "Megatron's delayed FP8 scaling cannot keep the first/last layers in BF16",
+                                   "set first_last_layers_bf16: false, or use fp8_recipe: blockwise / tensorwise"))
         if prec.fp8_param and not opt.use_distributed_optimizer:
             out.append(ConfigIssue(f"{key}.precision.fp8_param", "FP8 parameters need the distributed optimizer",
                                    "set optimizer.use_distributed_optimizer: true"))

@@ -237,6 +237,12 @@ def test_fp8_param_needs_distributed_optimizer():
     _assert_names(err, "agents[0].precision.fp8_param", "distributed optimizer")
 
 
+def test_delayed_fp8_cannot_keep_first_last_layers_in_bf16():
+    err = _error(["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=8", "agents.0.precision.dtype=bf16",
+                  "agents.0.precision.fp8=hybrid", "agents.0.precision.fp8_recipe=delayed"])
+    _assert_names(err, "agents[0].precision.first_last_layers_bf16", "delayed")
+
+
 def test_bf16_rejected_on_cpu():
     _assert_names(_error(["agents.1.precision.dtype=bf16"]), "agents[1].precision.dtype", "CPU")
 
