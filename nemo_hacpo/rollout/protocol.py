@@ -1,0 +1,51 @@
+"""The seam between the runtime and an agent's rollout engine: what the step loop may call.
+
+`RolloutEngine` (vLLM) implements it; the runtime types its per-agent handles with it, so another real
+implementation (e.g. a Ray actor proxy forwarding each call) can stand in without touching the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from nemo_hacpo.broker.trajectory import Message
+from nemo_hacpo.rollout.outputs import GenerationResult
+
+
+@runtime_checkable
+class RolloutBackend(Protocol):
+    """Generate, score, refit, sleep/wake and report — per agent, started once per run."""
+
+    def generate(self, prompts: Sequence[Sequence[Message] | Sequence[dict]], n: int, *,
+                 max_tokens: int | None = None, seed: int | None = None) -> GenerationResult:
+        """G = n responses per chat prompt: `result.responses[b][g]`."""
+        ...
+
+    def score(self, sequences: Sequence[Sequence[int]], num_prompt_tokens: Sequence[int] | None = None
+              ) -> list[list[float]]:
+        """Log-probs of fixed token sequences (response part only when prompt lengths are given)."""
+        ...
+
+    def refit(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
+        """Load new HF-layout weights in place; returns timing."""
+        ...
+
+    def sleep(self, level: int = 1) -> None:
+        """Release accelerator memory between phases (no-op where unsupported)."""
+        ...
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Undo `sleep` for `tags` (None = all)."""
+        ...
+
+    @property
+    def stats(self) -> dict[str, float]:
+        """Start-up time, last generation throughput, last refit time."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the engine's processes."""
+        ...

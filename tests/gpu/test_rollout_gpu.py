@@ -1,0 +1,149 @@
+"""The rollout engine on CUDA vLLM: colocated sleep/wake + refit over CUDA IPC, and NCCL refit from a trainer on
+another GPU. Skipped without CUDA (tests/gpu/conftest.py marks every test here `gpu`).
+
+Not run on the CPU development machine; written against vLLM 0.32's weight-transfer API (the same one
+`nemo_hacpo.rollout.weight_sync` uses). Prints generation tokens/s, sleep/wake and refit times.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from nemo_hacpo.config import load_config
+from nemo_hacpo.data.arithmetic import generate_problems
+from nemo_hacpo.data.prompts import problem_to_messages
+from nemo_hacpo.models.tokenizers import load_tokenizer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+
+_HELPERS = Path(__file__).resolve().parents[1] / "integration" / "rollout" / "tiny_hf_models.py"
+_spec = importlib.util.spec_from_file_location("tiny_hf_models", _HELPERS)
+tiny = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tiny)
+
+MATCH_TOLERANCE = 1e-3
+
+
+def _mean_abs(a: list[list[float]], b: list[list[float]]) -> float:
+    flat = lambda rows: torch.tensor([v for row in rows for v in row], dtype=torch.float64)  # noqa: E731
+    return float((flat(a) - flat(b)).abs().mean())
+
+
+def _agent(colocated: bool):
+    agent = load_config("pair_tiny").agent("llama_tiny")
+    rollout = dataclasses.replace(agent.rollout, colocated=colocated, gpu_memory_utilization=0.3,
+                                  enforce_eager=False)  # CUDA graphs: the production path the refit must keep valid
+    return dataclasses.replace(agent, rollout=rollout)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    agent = _agent(colocated=True)
+    tokenizer = load_tokenizer(agent.tokenizer.source)
+    model = tiny.hf_model_from_spec(agent.model.tiny, tokenizer, seed=0)
+    return tiny.save_checkpoint(model, tokenizer, tmp_path_factory.mktemp("llama_tiny")), model, tokenizer
+
+
+def test_colocated_sleep_wake_and_ipc_refit(checkpoint):
+    from nemo_hacpo.rollout import RolloutEngine
+
+    directory, model, tokenizer = checkpoint
+    model = model.cuda()
+    agent = _agent(colocated=True)
+    engine = RolloutEngine.from_agent(agent, directory, device="cuda")
+    try:
+        prompts = [problem_to_messages(p) for p in generate_problems("train", 16, seed=0)]
+        engine.generate(prompts, n=8, max_tokens=agent.max_response_length)  # warm-up
+        result = engine.generate(prompts, n=8, max_tokens=agent.max_response_length)
+        print(f"\nGPU generate: {result.stats['num_generated_tokens']:.0f} tokens, "
+              f"{result.stats['tokens_per_s']:.0f} tokens/s; engine start {engine.stats['startup_s']:.1f} s")
+
+        answer = tokenizer("So the answer is \\boxed{12}.", add_special_tokens=False)["input_ids"]
+        sequences = [engine.render(p) + answer + [tokenizer.eos_token_id] for p in prompts[:4]]
+        before = engine.score(sequences)
+        assert _mean_abs(before, tiny.hf_logprobs(model, sequences)) < MATCH_TOLERANCE
+
+        free_awake = torch.cuda.mem_get_info()[0]
+        start = time.perf_counter()
+        engine.sleep(level=1)
+        slept = time.perf_counter() - start
+        assert torch.cuda.mem_get_info()[0] > free_awake, "sleep should release GPU memory"
+        with pytest.raises(RuntimeError, match="asleep"):
+            engine.generate(prompts[:1], n=1, max_tokens=4)
+
+        tiny.sgd_step_on_nll(model, sequences, lr=1e-2)  # "training" while asleep
+        stats = engine.refit(tiny.hf_weights(model))  # wakes the weights, CUDA IPC, layer-wise reload
+        assert engine.asleep == frozenset({"kv_cache"})
+        start = time.perf_counter()
+        engine.wake_up()
+        woke = time.perf_counter() - start
+        after = engine.score(sequences)
+        assert _mean_abs(after, tiny.hf_logprobs(model, sequences)) < MATCH_TOLERANCE
+        assert _mean_abs(after, before) > MATCH_TOLERANCE
+        print(f"sleep {slept:.2f} s, IPC refit {stats['refit_s']:.3f} s ({stats['bytes'] / 1e6:.1f} MB), "
+              f"wake {woke:.2f} s")
+
+        # the RPC transport (the CPU path) gives the same weights on GPU, and level-2 sleep survives a refit
+        engine.sleep(level=2)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(1.01)
+        engine.refit(tiny.hf_weights(model), transport="rpc")
+        engine.wake_up()
+        assert _mean_abs(engine.score(sequences), tiny.hf_logprobs(model, sequences)) < MATCH_TOLERANCE
+        generated = engine.generate(prompts[:2], n=2, max_tokens=8)
+        assert all(r.num_tokens >= 1 for r in generated.flat())
+    finally:
+        engine.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="separate-GPU refit needs 2 GPUs (NCCL: one rank per GPU)")
+def test_separate_gpu_nccl_refit(checkpoint):
+    """Engine on GPU 1 (its processes see only that GPU), trainer on GPU 0 in this process; NCCL broadcast."""
+    from nemo_hacpo.rollout import RolloutEngine
+    from nemo_hacpo.rollout.weight_sync import NcclWeightSender
+
+    directory, model, tokenizer = checkpoint
+    torch.cuda.set_device(0)
+    model = model.to("cuda:0")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = "1"  # inherited by the engine's spawned processes only (CUDA is up here)
+    try:
+        engine = RolloutEngine.from_agent(_agent(colocated=False), directory, device="cuda")
+    finally:
+        if visible is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES")
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    try:
+        sender = NcclWeightSender(engine, master_address="127.0.0.1", master_port=_free_port(),
+                                  engine_world_size=engine.settings.tensor_parallel_size)
+        prompt = engine.render(problem_to_messages(generate_problems("train", 1, seed=0)[0]))
+        sequences = [prompt + tokenizer("12", add_special_tokens=False)["input_ids"]]
+        before = engine.score(sequences)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.mul_(1.01)
+        start = time.perf_counter()
+        sent = sender.send(tiny.hf_weights(model))
+        print(f"\nNCCL refit of {sent} tensors in {time.perf_counter() - start:.3f} s")
+        after = engine.score(sequences)
+        assert _mean_abs(after, tiny.hf_logprobs(model, sequences)) < MATCH_TOLERANCE
+        assert _mean_abs(after, before) > MATCH_TOLERANCE
+        sender.close()
+    finally:
+        engine.shutdown()

@@ -1,0 +1,104 @@
+"""Agent config → engine settings → vLLM kwargs, for the CPU default and the two CUDA layouts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from nemo_hacpo.config import load_config
+from nemo_hacpo.rollout.settings import (
+    GIB,
+    WORKER_EXTENSION,
+    checkpoint_max_positions,
+    cpu_memory_fraction,
+    engine_environment,
+    engine_settings,
+    llm_kwargs,
+    tokenizer_view,
+    write_generation_config,
+)
+
+
+@pytest.fixture(scope="module")
+def llama_agent():
+    return load_config("pair_tiny").agent("llama_tiny")
+
+
+def test_cpu_memory_fraction_hand_computed():
+    # 1 GiB of KV cache on 24 GiB: max(0.02, 2/24) = 0.0833, below the requested 0.5.
+    assert cpu_memory_fraction(0.5, 1, 24 * GIB) == pytest.approx(2 / 24)
+    # A huge machine: the floor 0.02 wins; a small request wins over everything.
+    assert cpu_memory_fraction(0.5, 1, 1024 * GIB) == pytest.approx(0.02)
+    assert cpu_memory_fraction(0.05, 4, 24 * GIB) == pytest.approx(0.05)
+    with pytest.raises(ValueError):
+        cpu_memory_fraction(0.5, 0, 24 * GIB)
+
+
+def test_cpu_settings_and_kwargs(llama_agent, tmp_path):
+    settings = engine_settings(llama_agent, tmp_path / "ckpt", tmp_path / "tok", device="cpu", default_seed=7,
+                               total_memory_bytes=24 * GIB)
+    p, r = llama_agent.max_prompt_length, llama_agent.max_response_length
+    assert settings.max_model_len == p + r + 1  # no config.json to read: keep the scoring slot
+    assert (settings.dtype, settings.seed, settings.kv_cache_memory_bytes) == ("float32", 7, GIB)
+    assert settings.gpu_memory_utilization == pytest.approx(2 / 24)
+    assert (settings.enable_sleep_mode, settings.weight_transfer_backend) == (False, None)
+    kwargs = llm_kwargs(settings, generation_config_dir=tmp_path / "gen")
+    assert kwargs == {
+        "model": str(tmp_path / "ckpt"), "tokenizer": str(tmp_path / "tok"), "tensor_parallel_size": 1,
+        "dtype": "float32", "max_model_len": p + r + 1, "gpu_memory_utilization": pytest.approx(2 / 24),
+        "enforce_eager": True, "seed": 7, "generation_config": str(tmp_path / "gen"),
+        "worker_extension_cls": WORKER_EXTENSION, "enable_prefix_caching": True, "kv_cache_memory_bytes": GIB,
+    }
+    assert llm_kwargs(settings, generation_config_dir="g", tokenizer_dir="view")["tokenizer"] == "view"
+    assert engine_environment(settings) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def test_seed_from_config_wins(llama_agent, tmp_path):
+    agent = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout, seed=123))
+    assert engine_settings(agent, tmp_path, tmp_path, device="cpu", default_seed=7).seed == 123
+
+
+def test_cuda_layouts(llama_agent, tmp_path):
+    colocated = engine_settings(llama_agent, tmp_path, tmp_path, device="cuda")
+    assert (colocated.enable_sleep_mode, colocated.weight_transfer_backend) == (True, "ipc")
+    assert colocated.gpu_memory_utilization == llama_agent.rollout.gpu_memory_utilization
+    assert colocated.kv_cache_memory_bytes is None
+    kwargs = llm_kwargs(colocated, generation_config_dir=tmp_path)
+    assert kwargs["enable_sleep_mode"] is True and kwargs["weight_transfer_config"] == {"backend": "ipc"}
+    assert "kv_cache_memory_bytes" not in kwargs
+    assert engine_environment(colocated) == {}
+    agent = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout, colocated=False,
+                                                                         tensor_parallel_size=2),
+                                precision=dataclasses.replace(llama_agent.precision, dtype="bf16"))
+    separate = engine_settings(agent, tmp_path, tmp_path, device="cuda")
+    assert (separate.enable_sleep_mode, separate.weight_transfer_backend) == (False, "nccl")
+    assert (separate.dtype, separate.tensor_parallel_size) == ("bfloat16", 2)
+    with pytest.raises(ValueError, match="device"):
+        engine_settings(llama_agent, tmp_path, tmp_path, device="tpu")  # type: ignore[arg-type]
+
+
+def test_max_model_len_follows_the_checkpoint_positions(llama_agent, tmp_path):
+    needed = llama_agent.max_prompt_length + llama_agent.max_response_length
+    for positions, expected in ((512, needed + 1), (needed, needed)):
+        (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": positions}))
+        assert checkpoint_max_positions(tmp_path) == positions
+        assert engine_settings(llama_agent, tmp_path, tmp_path, device="cpu").max_model_len == expected
+    (tmp_path / "config.json").write_text(json.dumps({"n_positions": needed - 1}))  # GPT-2's key
+    with pytest.raises(ValueError, match="positions"):
+        engine_settings(llama_agent, tmp_path, tmp_path, device="cpu")
+
+
+def test_generation_config_and_tokenizer_view(tmp_path):
+    path = write_generation_config(tmp_path / "gen", 2)
+    assert json.loads(path.read_text()) == {"eos_token_id": 2}
+    tokenizer, model = tmp_path / "tok", tmp_path / "model"
+    tokenizer.mkdir()
+    model.mkdir()
+    (tokenizer / "tokenizer.json").write_text("{}")
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    view = tokenizer_view(tokenizer, model, tmp_path / "view")
+    assert sorted(p.name for p in view.iterdir()) == ["config.json", "tokenizer.json"]
+    assert (view / "config.json").resolve() == (model / "config.json").resolve()
+    assert (view / "tokenizer.json").read_text() == "{}"
