@@ -325,6 +325,26 @@ class RewardConfig:
     """Longer responses are truncated (keeping the end) before parsing."""
 
 
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """Supervised warm start of tiny agents on generated worked solutions (random models earn no reward)."""
+
+    enabled: bool = False
+    """Run it (for agents with `model.source: tiny`) when its cached checkpoint is missing."""
+    steps: int = 300
+    """Optimizer steps per agent."""
+    batch_size: int = 32
+    """Solutions per step."""
+    lr: float = 1e-3
+    """Learning rate of the warm start (replaces the agent's RL learning rate)."""
+    num_problems: int = 4000
+    """Generated training problems with worked solutions to draw from."""
+    seed: int = 0
+    """Problem generation and sampling seed."""
+    cache_dir: str = "~/.cache/nemo_hacpo/warmstart"
+    """Where warm-started HF checkpoints are kept, keyed by a hash of everything that shapes them."""
+
+
 # -------------------------------------------------------------------------------------------- runtime
 @dataclass(frozen=True)
 class ClusterConfig:
@@ -382,6 +402,8 @@ class HacpoConfig:
     """Verifier."""
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     """Run control."""
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """Supervised warm start of tiny agents."""
 
     def agent(self, name: str) -> AgentConfig:
         for agent in self.agents:
@@ -579,6 +601,8 @@ def validate(raw: Any) -> HacpoConfig:
     _check_resources(cfg, issues)
     if cfg.runtime.steps < 1:
         issues.append(ConfigIssue("runtime.steps", "must be ≥ 1", "use a positive step count"))
+    if cfg.warmstart.enabled and (cfg.warmstart.steps < 1 or cfg.warmstart.batch_size < 1 or cfg.warmstart.lr <= 0):
+        issues.append(ConfigIssue("warmstart", "steps and batch_size must be ≥ 1 and lr > 0", "fix the warm start"))
     if cfg.reward.timeout_s <= 0:
         issues.append(ConfigIssue("reward.timeout_s", "must be > 0", "use e.g. 5.0"))
     for split in ("train", "eval"):

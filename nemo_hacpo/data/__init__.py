@@ -6,3 +6,9 @@
 - `prompts`: problem -> chat messages asking for a `\\boxed{}` answer.
 - `prompt_dataset.PromptDataset`: seeded per-epoch shuffling with exact resume.
 """
+
+from nemo_hacpo.data.problem import MathProblem
+from nemo_hacpo.data.prompt_dataset import PromptDataset
+from nemo_hacpo.data.prompts import build_chat_messages, problem_to_messages, problem_to_sft_messages
+
+__all__ = ["MathProblem", "PromptDataset", "build_chat_messages", "problem_to_messages", "problem_to_sft_messages"]

@@ -146,17 +146,21 @@ class RolloutEngine:
         return render_prompt_ids(messages, self.tokenizer, self.chat_template)
 
     def generate(self, prompts: Sequence[Sequence[Message] | Sequence[dict]], n: int, *,
-                 max_tokens: int | None = None, seed: int | None = None) -> GenerationResult:
+                 max_tokens: int | None = None, seed: int | None = None,
+                 sampling: SamplingSettings | None = None) -> GenerationResult:
         """G = n responses to each chat prompt (B = len(prompts)); see `generate_from_ids`."""
-        return self.generate_from_ids([self.render(p) for p in prompts], n, max_tokens=max_tokens, seed=seed)
+        return self.generate_from_ids([self.render(p) for p in prompts], n, max_tokens=max_tokens, seed=seed,
+                                      sampling=sampling)
 
     def generate_from_ids(self, prompt_token_ids: Sequence[Sequence[int]], n: int, *,
-                          max_tokens: int | None = None, seed: int | None = None) -> GenerationResult:
+                          max_tokens: int | None = None, seed: int | None = None,
+                          sampling: SamplingSettings | None = None) -> GenerationResult:
         """G = n responses to each rendered prompt.
 
         `max_tokens` defaults to (and may not exceed) the agent's max_response_length. `seed` is the call's base
         seed (prompt b's request gets seed + b·n, its responses seed + b·n + g); None derives it from the engine
-        seed and the call count, so a run is reproducible and successive calls differ.
+        seed and the call count, so a run is reproducible and successive calls differ. `sampling` overrides the
+        agent's temperature / top-p / top-k for this call (evaluation: `SamplingSettings(temperature=0.0)`).
         """
         if self._asleep:
             raise RuntimeError(f"engine {self.settings.agent_name!r} is asleep ({sorted(self._asleep)}); "
@@ -173,7 +177,7 @@ class RolloutEngine:
 
         base = call_base_seed(self.settings.seed, self._generate_calls) if seed is None else seed
         seeds = request_seeds(base, len(prompt_token_ids), n)
-        params = [SamplingParams(**sampling_kwargs(self.sampling, n=n, max_tokens=max_tokens,
+        params = [SamplingParams(**sampling_kwargs(sampling or self.sampling, n=n, max_tokens=max_tokens,
                                                    eos_token_id=self.eos_token_id, seed=s)) for s in seeds]
         prompts = [list(map(int, ids)) for ids in prompt_token_ids]
         start = time.perf_counter()

@@ -1,0 +1,68 @@
+"""Run checkpoints: every agent's trainer state + the driver's (step, capability tracker, data position, totals).
+
+    <output_dir>/checkpoints/step_000010/
+        agents/<agent>/      trainer checkpoint (model, optimizer, scheduler, RNG; Megatron dist-checkpointing)
+        driver.json          written last
+
+A checkpoint is written under `step_000010.tmp/` and renamed into place only when every agent and the driver
+state are on disk, so a crash mid-save leaves the previous checkpoint as the latest complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DRIVER_FILE = "driver.json"
+
+
+@dataclass(frozen=True)
+class RunCheckpoint:
+    path: Path
+
+    @property
+    def step(self) -> int:
+        return int(self.path.name.split("_")[-1])
+
+    def agent_dir(self, agent: str) -> Path:
+        return self.path / "agents" / agent
+
+    def load_driver_state(self) -> dict[str, Any]:
+        return json.loads((self.path / DRIVER_FILE).read_text())
+
+
+def checkpoints(out_dir: str | Path) -> list[RunCheckpoint]:
+    """Complete checkpoints (with their driver file), oldest first."""
+    root = Path(out_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [RunCheckpoint(p) for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+             and (p / DRIVER_FILE).is_file()]
+    return sorted(found, key=lambda c: c.step)
+
+
+def latest_checkpoint(out_dir: str | Path) -> RunCheckpoint | None:
+    found = checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+def save_run_checkpoint(out_dir: str | Path, step: int, driver_state: dict[str, Any], groups, keep: int = 2) -> Path:
+    """Collective over every agent's ranks; atomic; keeps the newest `keep` checkpoints."""
+    root = Path(out_dir) / "checkpoints"
+    final = root / f"step_{step:06d}"
+    tmp = root / f"step_{step:06d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "agents").mkdir(parents=True)
+    futures = {name: group.call_all("save", str(tmp / "agents" / name), step) for name, group in groups.items()}
+    for name, futs in futures.items():
+        groups[name].get(futs, "save")
+    (tmp / DRIVER_FILE).write_text(json.dumps(driver_state, indent=1))
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in checkpoints(out_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old.path, ignore_errors=True)
+    return final

@@ -1,0 +1,24 @@
+"""A config's dataset section → `MathProblem`s (generated, local file, or a benchmark from the eval extra)."""
+
+from __future__ import annotations
+
+from nemo_hacpo.config import DatasetConfig
+from nemo_hacpo.data import MathProblem
+from nemo_hacpo.data.arithmetic import generate_problems
+from nemo_hacpo.data.loaders import load_aime2025, load_gsm8k_test, load_problems
+
+
+def load_split(ds: DatasetConfig, split: str) -> list[MathProblem]:
+    """Problems of one split; `arithmetic` draws from its own disjoint split of the generator."""
+    if ds.source == "arithmetic":
+        problems = generate_problems("train" if split == "train" else "eval", ds.size, seed=ds.seed, levels=ds.levels)
+    elif ds.source in ("jsonl", "parquet"):
+        problems = load_problems(ds.path, question_field=ds.question_field, answer_field=ds.answer_field,
+                                 file_format=ds.source)
+    elif ds.source == "gsm8k":
+        problems = load_gsm8k_test()
+    else:
+        problems = load_aime2025()
+    if not problems:
+        raise ValueError(f"data.{split}: {ds.source} gave no problems")
+    return problems[: ds.limit] if ds.limit else problems

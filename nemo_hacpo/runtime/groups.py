@@ -1,0 +1,110 @@
+"""Ray side of the runtime: the cluster, and one worker group (one actor per rank) per agent.
+
+Each agent's ranks are placed by a Ray placement group on that agent's own resources (one bundle per rank:
+a GPU on CUDA, a CPU slot otherwise), form their own torch.distributed world (rendezvous at rank 0's node)
+and hold their own Megatron `parallel_state`. A failure in any actor stops the job with the agent and the
+rank named (`WorkerFailure`); nothing is retried silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from nemo_hacpo.config import AgentConfig, AlgoConfig, HacpoConfig
+from nemo_hacpo.runtime.worker import AgentRank
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerFailure(RuntimeError):
+    """An agent's worker failed; the message names the agent, the rank and the call."""
+
+
+def start_ray(cfg: HacpoConfig) -> None:
+    """Join `runtime.cluster.ray_address`, or start a local Ray with enough logical CPUs for every rank."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    cluster = cfg.runtime.cluster
+    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                        "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore",
+                        "RAY_DEDUP_LOGS": "1"}}
+    if cluster.ray_address:
+        ray.init(address=cluster.ray_address, runtime_env=env, logging_level="WARNING")
+        return
+    ranks = sum(agent.parallel.world_size for agent in cfg.agents)
+    ray.init(num_cpus=max(ranks, os.cpu_count() or 1), num_gpus=cluster.gpus_per_node if cluster.device == "cuda" else 0,
+             include_dashboard=False, runtime_env=env, logging_level="WARNING")
+
+
+class AgentGroup:
+    """The Ray actors of one agent, rank r in `actors[r]`."""
+
+    def __init__(self, agent: AgentConfig, algo: AlgoConfig, *, seed: int, run_dir: str, total_updates: int,
+                 device: str, init_weights: str | None = None, start_engine: bool = True):
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.agent = agent
+        world = agent.parallel.world_size
+        on_gpu = device == "cuda"
+        bundles = [{"CPU": 1, "GPU": 1} if on_gpu else {"CPU": 1} for _ in range(world)]
+        self.placement = placement_group(bundles, strategy="PACK", name=f"hacpo-{agent.name}")
+        ray.get(self.placement.ready(), timeout=600)
+        actor_cls = ray.remote(AgentRank)
+        self.actors = [
+            actor_cls.options(
+                num_cpus=1, num_gpus=1 if on_gpu else 0, name=f"hacpo-{agent.name}-rank{rank}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
+            ).remote(agent, algo, rank, seed=seed, run_dir=run_dir, total_updates=total_updates)
+            for rank in range(world)
+        ]
+        master_addr, master_port = self.get([self.actors[0].address.remote()], "address")[0]
+        self._setup = [a.setup.remote(master_addr, master_port, init_weights, start_engine) for a in self.actors]
+        self.info: list[dict[str, Any]] = []
+
+    def wait_ready(self) -> list[dict[str, Any]]:
+        """Wait for `setup` (started by the constructor, so several agents start their engines at once)."""
+        if not self.info:
+            self.info = self.get(self._setup, "setup")
+        return self.info
+
+    # ---------------------------------------------------------------------------------------------- calls
+    def get(self, futures: Sequence[Any], what: str, ranks: Sequence[int] | None = None) -> list[Any]:
+        """`ray.get` that names the agent and rank of a failure."""
+        import ray
+
+        ranks = list(range(len(futures))) if ranks is None else list(ranks)
+        results = []
+        for rank, future in zip(ranks, futures, strict=True):
+            try:
+                results.append(ray.get(future))
+            except Exception as err:  # RayTaskError / RayActorError wrap the worker's exception
+                raise WorkerFailure(f"agent {self.agent.name!r} rank {rank} failed in {what}: "
+                                    f"{type(err).__name__}: {err}") from err
+        return results
+
+    def call_all(self, method: str, *args: Any) -> list[Any]:
+        """Launch a collective call on every rank; returns the futures (rank order)."""
+        return [getattr(actor, method).remote(*args) for actor in self.actors]
+
+    def run(self, method: str, *args: Any) -> Any:
+        """Collective call, waited for; returns rank 0's result."""
+        return self.get(self.call_all(method, *args), method)[0]
+
+    def shutdown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        try:
+            ray.get([actor.shutdown.remote() for actor in self.actors], timeout=120)
+        except Exception as err:  # noqa: BLE001 - shutting down after a failure must not hide it
+            logger.warning("agent %s: clean shutdown failed (%s)", self.agent.name, err)
+        for actor in self.actors:
+            ray.kill(actor)
+        remove_placement_group(self.placement)

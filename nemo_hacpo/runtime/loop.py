@@ -1,0 +1,251 @@
+"""The HACPO step loop, driven from one process (no model weights here):
+
+    generate (all agents at once) → reward → old log-probs of own samples → broker → M updates per agent
+    (all agents at once) → refit → metrics → checkpoint
+
+Every algorithm of spec/hacpo.md's baseline table runs through this loop; `algo.name` only changes the
+broker's mode (shared / naive / isolated), the samples per prompt (2G for gspo_x2) and the loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nemo_hacpo.algo import CapabilityTracker
+from nemo_hacpo.broker import AgentRollout, Broker, LearnerTokenizer, Trajectory, broker_mode, write_jsonl
+from nemo_hacpo.config import HacpoConfig
+from nemo_hacpo.data import MathProblem, PromptDataset, problem_to_messages
+from nemo_hacpo.runtime.checkpoint import latest_checkpoint, save_run_checkpoint
+from nemo_hacpo.runtime.datasets import load_split
+from nemo_hacpo.runtime.evaluation import evaluate_agents
+from nemo_hacpo.runtime.groups import AgentGroup, start_ray
+from nemo_hacpo.runtime.metrics import MetricsLogger, markdown_table, write_curves
+from nemo_hacpo.runtime.warmstart import ensure_warm_start
+
+logger = logging.getLogger(__name__)
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def own_rollouts(agent: str, problems: list[MathProblem], messages: list[list[dict]], generated: dict[str, Any],
+                 rewards: list[float], token_logprobs: torch.Tensor, step: int) -> tuple[list[AgentRollout], dict]:
+    """Turn one agent's generations + rewards + trainer token log-probs into broker rollouts and metrics."""
+    rollouts, mismatch, lengths, truncated = [], [], [], 0
+    index = 0
+    for b, (problem, prompt_ids) in enumerate(zip(problems, generated["prompt_token_ids"], strict=True)):
+        for g, response in enumerate(generated["responses"][b]):
+            ids = response["token_ids"]
+            start = len(prompt_ids) - 1  # shifted layout: column t scores token t + 1
+            trainer_lp = token_logprobs[index, start:start + len(ids)]
+            mean_lp = float(trainer_lp.mean()) if len(ids) else 0.0
+            mismatch.extend((trainer_lp - torch.tensor(response["logprobs"])).abs().tolist())
+            lengths.append(len(ids))
+            truncated += response["finish_reason"] == "length"
+            trajectory = Trajectory(
+                prompt_id=problem.id, messages=messages[b], response_text=response["text"], source=agent,
+                sample_index=g, finish_reason=response["finish_reason"], reward=rewards[index],
+                source_mean_logprob=mean_lp, source_num_tokens=len(ids), gold=problem.answer, step=step,
+                metadata={"level": str(problem.level)} if problem.level is not None else {})
+            rollouts.append(AgentRollout(trajectory, list(prompt_ids) + ids, [0] * len(prompt_ids) + [1] * len(ids)))
+            index += 1
+    metrics = {"reward_mean": _mean(rewards), "response_length_mean": _mean(lengths),
+               "response_length_max": float(max(lengths, default=0)), "truncation_rate": truncated / max(len(lengths), 1),
+               "mismatch_token_mult_prob_error": math.exp(_mean(mismatch)) if mismatch else math.nan}
+    return rollouts, metrics
+
+
+class HacpoRun:
+    """One training run: data, verifier, worker groups, broker, the loop, checkpoints and the final report."""
+
+    def __init__(self, cfg: HacpoConfig):
+        self.cfg = cfg
+        self.out_dir = Path(cfg.runtime.output_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.agents = [a.name for a in cfg.agents]
+        self.mode = broker_mode(cfg.algo.name)
+        self.samples_per_prompt = cfg.algo.samples_per_prompt
+        self.train_set = PromptDataset(load_split(cfg.data.train, "train"), seed=cfg.data.shuffle_seed)
+        self.eval_problems = load_split(cfg.data.eval, "eval")
+        algo = cfg.algo
+        self.tracker = CapabilityTracker(self.agents, window=algo.capability_window,
+                                         ratio_bounds=(algo.ratio_min, algo.ratio_max),
+                                         warmup_steps=algo.capability_warmup_steps, floor=algo.capability_floor)
+        self.step = 0
+        self.totals = {a: {"rollouts_generated": 0, "sequences_trained": 0} for a in self.agents}
+        self.eval_history: list[dict[str, Any]] = []
+        self.groups: dict[str, AgentGroup] = {}
+
+    # ------------------------------------------------------------------------------------------ start-up
+    def start(self) -> None:
+        cfg = self.cfg
+        start_ray(cfg)
+        resume = latest_checkpoint(self.out_dir) if cfg.runtime.resume else None
+        init = {a.name: None for a in cfg.agents}
+        if resume is not None:
+            state = resume.load_driver_state()
+            self.step = state["step"]
+            self.tracker.load_state_dict(state["tracker"])
+            self.train_set.load_state_dict(state["data"])
+            self.totals, self.eval_history = state["totals"], state["eval_history"]
+            init = {a: str(resume.agent_dir(a)) for a in self.agents}
+            logger.info("resuming from %s (step %d)", resume.path, self.step)
+        elif cfg.warmstart.enabled:
+            init.update(ensure_warm_start(cfg))
+        total_updates = cfg.runtime.steps * cfg.algo.updates_per_step
+        for i, agent in enumerate(cfg.agents):
+            self.groups[agent.name] = AgentGroup(
+                agent, cfg.algo, seed=cfg.runtime.seed + 1000 * i, run_dir=str(self.out_dir),
+                total_updates=total_updates, device=cfg.runtime.cluster.device, init_weights=init[agent.name])
+        for group in self.groups.values():
+            info = group.wait_ready()
+            logger.info("agent %s ready: %s", group.agent.name, info[0])
+        from nemo_hacpo.models.tokenizers import load_tokenizer
+
+        self.broker = Broker(self.agents, {a.name: LearnerTokenizer(load_tokenizer(a.tokenizer.source),
+                                                                    a.max_response_length, a.tokenizer.chat_template)
+                                           for a in cfg.agents} if self.mode != "isolated" else {},
+                             mode=self.mode, tracker=self.tracker, adv_eps=cfg.algo.adv_eps,
+                             capability_baseline=cfg.algo.ablation.capability_baseline,
+                             gradient_modulation=cfg.algo.ablation.gradient_modulation)
+
+    # ---------------------------------------------------------------------------------------------- step
+    def run_step(self, scorer) -> dict[str, float]:
+        cfg, step = self.cfg, self.step + 1
+        timings: dict[str, float] = {}
+        tick = time.perf_counter()
+        problems = self.train_set.next_batch(cfg.algo.batch_size)
+        messages = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
+
+        futures = {a: g.actors[0].generate.remote(messages, self.samples_per_prompt) for a, g in self.groups.items()}
+        generated = {a: self.groups[a].get([f], "generate")[0] for a, f in futures.items()}
+        timings["generate_s"] = time.perf_counter() - tick
+
+        tick = time.perf_counter()
+        texts = [r["text"] for a in self.agents for group in generated[a]["responses"] for r in group]
+        golds = [p.answer for _ in self.agents for p in problems for _ in range(self.samples_per_prompt)]
+        scored = scorer.score(texts, golds)
+        per_agent = len(problems) * self.samples_per_prompt
+        rewards = {a: scored.rewards[i * per_agent:(i + 1) * per_agent] for i, a in enumerate(self.agents)}
+        timings["reward_s"] = time.perf_counter() - tick
+        metrics: dict[str, float] = dict(scored.metrics())
+
+        tick = time.perf_counter()
+        lp_futures = {}
+        for a, group in self.groups.items():
+            rows = [(list(ids) + r["token_ids"], [0] * len(ids) + [1] * len(r["token_ids"]))
+                    for ids, grp in zip(generated[a]["prompt_token_ids"], generated[a]["responses"], strict=True)
+                    for r in grp]
+            lp_futures[a] = group.call_all("mean_logprobs", [r[0] for r in rows], [r[1] for r in rows], True)
+        rollouts = {}
+        for a, futs in lp_futures.items():
+            token_lp = self.groups[a].get(futs, "mean_logprobs")[0]
+            rollouts[a], agent_metrics = own_rollouts(a, problems, messages, generated[a], rewards[a], token_lp, step)
+            metrics.update({f"{a}/{k}": v for k, v in agent_metrics.items()})
+            metrics[f"{a}/generate_tokens_per_s"] = generated[a]["stats"]["tokens_per_s"]
+        timings["logprob_s"] = time.perf_counter() - tick
+
+        tick = time.perf_counter()
+        brokered = self.broker.step(rollouts)
+        for failure in brokered.failures:
+            logger.warning("re-encoding dropped a cross sample: %s", failure)
+        metrics.update(brokered.metrics())
+        timings["broker_s"] = time.perf_counter() - tick
+        if cfg.runtime.save_rollouts:
+            write_jsonl(self.out_dir / "rollouts" / f"step_{step:06d}.jsonl",
+                        [r.trajectory for a in self.agents for r in rollouts[a]])
+
+        tick = time.perf_counter()
+        train_futures = {a: g.call_all("train", brokered.views[a], cfg.algo, step) for a, g in self.groups.items()}
+        for a, futs in train_futures.items():
+            result = self.groups[a].get(futs, "train")[0]
+            metrics.update({f"{a}/train/{k}": v for k, v in result.items()})
+            self.totals[a]["rollouts_generated"] += brokered.generated[a]
+            self.totals[a]["sequences_trained"] += len(brokered.views[a])
+            metrics[f"{a}/rollouts_generated_total"] = self.totals[a]["rollouts_generated"]
+            metrics[f"{a}/sequences_trained_total"] = self.totals[a]["sequences_trained"]
+        timings["train_s"] = time.perf_counter() - tick
+
+        tick = time.perf_counter()
+        refit_futures = {a: g.call_all("refit") for a, g in self.groups.items()}
+        for a, futs in refit_futures.items():
+            self.groups[a].get(futs, "refit")
+        timings["refit_s"] = time.perf_counter() - tick
+        metrics.update({f"time/{k}": v for k, v in timings.items()})
+        self.step = step
+        return metrics
+
+    # ----------------------------------------------------------------------------------------------- run
+    def evaluate(self) -> dict[str, float]:
+        accuracy = evaluate_agents(self.groups, self.eval_problems, self.cfg)
+        self.eval_history.append({"step": self.step, **accuracy})
+        return {f"{a}/eval_accuracy": acc for a, acc in accuracy.items()}
+
+    def fit(self) -> int:
+        from nemo_hacpo.rewards import MathRewardScorer
+
+        cfg = self.cfg
+        self.start()
+        sinks = cfg.runtime.logging
+        reward = cfg.reward
+        with MathRewardScorer(num_workers=reward.num_workers, timeout_s=reward.timeout_s, strict=reward.strict) as scorer, \
+                MetricsLogger(self.out_dir, sinks, total_steps=cfg.runtime.steps, start_step=self.step,
+                              console_keys=("*/reward_mean", "*/eval_accuracy", "*/omega/*")) as log:
+            if not self.eval_history:
+                log.log(self.step, self.evaluate())
+            while self.step < cfg.runtime.steps:
+                metrics = self.run_step(scorer)
+                interval = cfg.runtime.eval_interval
+                if interval and self.step % interval == 0 and self.step < cfg.runtime.steps:
+                    metrics.update(self.evaluate())
+                if self.step == cfg.runtime.steps:
+                    metrics.update(self.evaluate())
+                log.log(self.step, metrics)
+                every = cfg.runtime.checkpoint_interval
+                if (every and self.step % every == 0) or self.step == cfg.runtime.steps:
+                    self.checkpoint()
+        self.report()
+        return 0
+
+    def checkpoint(self) -> Path:
+        state = {"step": self.step, "tracker": self.tracker.state_dict(), "data": self.train_set.state_dict(),
+                 "totals": self.totals, "eval_history": self.eval_history}
+        return save_run_checkpoint(self.out_dir, self.step, state, self.groups, keep=self.cfg.runtime.keep_checkpoints)
+
+    def report(self) -> str:
+        """Per-agent table (start vs end held-out accuracy, rollouts, sequences) + reward and accuracy plots."""
+        first, last = self.eval_history[0], self.eval_history[-1]
+        rows = [{"agent": a, "eval_accuracy_start": first[a], "eval_accuracy_end": last[a],
+                 "rollouts_generated": self.totals[a]["rollouts_generated"],
+                 "sequences_trained": self.totals[a]["sequences_trained"]} for a in self.agents]
+        table = markdown_table(rows, list(rows[0]))
+        (self.out_dir / "summary.md").write_text(f"# {self.cfg.algo.name}: {self.step} steps\n\n{table}\n")
+        metrics_file = self.out_dir / "metrics.jsonl"
+        if metrics_file.is_file():
+            write_curves(metrics_file, self.out_dir / "reward_curve.png", ["*/reward_mean"],
+                         title=f"{self.cfg.algo.name}: training reward", ylabel="mean reward")
+            write_curves(metrics_file, self.out_dir / "eval_accuracy.png", ["*/eval_accuracy"],
+                         title=f"{self.cfg.algo.name}: held-out accuracy (greedy)", ylabel="accuracy")
+        print(table)
+        print(f"outputs: {self.out_dir} (summary.md, metrics.jsonl, reward_curve.png, eval_accuracy.png)")
+        return table
+
+    def close(self) -> None:
+        for group in self.groups.values():
+            group.shutdown()
+
+
+def train(cfg: HacpoConfig) -> int:
+    """Entry point of `recipes/train.py`: run the configured training to the end; the exit status."""
+    run = HacpoRun(cfg)
+    try:
+        return run.fit()
+    finally:
+        run.close()

@@ -1,0 +1,94 @@
+"""Supervised warm start of tiny agents on generated worked solutions, cached on disk.
+
+Random tiny models earn no reward, so RL would have nothing to learn from. Before the first RL step each
+`model.source: tiny` agent is fine-tuned on worked solutions of generated training problems (the same
+trainer, loss path and optimizer as RL; see `AgentRank.sft`), then saved as an HF checkpoint under
+`warmstart.cache_dir/<agent>-<hash>`, where the hash covers everything that shapes the result (architecture,
+tokenizer, chat template, lengths, warm-start settings, system prompt). Later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import shutil
+import time
+from pathlib import Path
+
+from nemo_hacpo.config import AgentConfig, HacpoConfig
+from nemo_hacpo.data import problem_to_messages
+from nemo_hacpo.data.arithmetic import generate_problems
+
+logger = logging.getLogger(__name__)
+MARKER = "nemo_hacpo_warmstart.json"
+
+
+def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
+    shaping = {"model": dataclasses.asdict(agent.model), "tokenizer": dataclasses.asdict(agent.tokenizer),
+               "lengths": [agent.max_prompt_length, agent.max_response_length],
+               "optimizer": dataclasses.asdict(agent.optimizer), "warmstart": dataclasses.asdict(cfg.warmstart),
+               "system_prompt": cfg.data.system_prompt, "version": 1}
+    shaping["warmstart"].pop("cache_dir")
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def warm_start_dir(agent: AgentConfig, cfg: HacpoConfig) -> Path:
+    return Path(cfg.warmstart.cache_dir).expanduser() / f"{agent.name}-{warm_start_key(agent, cfg)}"
+
+
+def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
+    """`{agent: hf_dir}` of every tiny agent's warm-started checkpoint, training the missing ones."""
+    from nemo_hacpo.runtime.groups import AgentGroup, start_ray
+
+    ws = cfg.warmstart
+    todo, done = [], {}
+    for agent in cfg.agents:
+        if agent.model.source != "tiny":
+            continue
+        target = warm_start_dir(agent, cfg)
+        if (target / MARKER).is_file():
+            logger.info("warm start of %s: cached at %s", agent.name, target)
+            done[agent.name] = str(target)
+        else:
+            todo.append((agent, target))
+    if not todo:
+        return done
+    start_ray(cfg)
+    problems = generate_problems("train", ws.num_problems, seed=ws.seed)
+    prompts = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
+    solutions = [p.solution for p in problems]
+    groups = []
+    for i, (agent, _) in enumerate(todo):
+        sft_agent = dataclasses.replace(agent, optimizer=dataclasses.replace(
+            agent.optimizer, lr=ws.lr, min_lr=0.0, lr_warmup_steps=min(20, ws.steps // 10), lr_decay_style="cosine"))
+        groups.append(AgentGroup(sft_agent, cfg.algo, seed=ws.seed + 1000 * i, run_dir=str(Path(ws.cache_dir).expanduser()),
+                                 total_updates=ws.steps, device=cfg.runtime.cluster.device, start_engine=False))
+    try:
+        for group in groups:
+            group.wait_ready()
+        start = time.perf_counter()
+        print(f"[warmstart] {len(groups)} agent(s), {ws.steps} steps × {ws.batch_size} worked solutions each",
+              flush=True)
+        futures = [group.call_all("sft", prompts, solutions, ws.steps, ws.batch_size, ws.seed) for group in groups]
+        for group, futs, (agent, target) in zip(groups, futures, todo, strict=True):
+            losses = group.get(futs, "sft")[0]
+            tmp = target.with_name(target.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            group.run("save_hf", str(tmp))
+            (tmp / MARKER).write_text(json.dumps({"agent": agent.name, "steps": ws.steps, "losses": losses}))
+            shutil.rmtree(target, ignore_errors=True)
+            tmp.rename(target)
+            done[agent.name] = str(target)
+            print(f"[warmstart] {agent.name}: loss {losses[0]:.3f} → {_tail_mean(losses):.3f} "
+                  f"({time.perf_counter() - start:.0f} s) → {target}", flush=True)
+    finally:
+        for group in groups:
+            group.shutdown()
+    return done
+
+
+def _tail_mean(values: list[float], n: int = 10) -> float:
+    tail = values[-n:]
+    return sum(tail) / len(tail)

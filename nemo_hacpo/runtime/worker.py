@@ -1,0 +1,211 @@
+"""One rank of one agent: its torch.distributed world, Megatron trainer shard and (on rank 0) vLLM engine.
+
+`AgentRank` is a plain class so it can run in-process for tests; the runtime hosts one per Ray actor
+(`AgentGroup`), one actor per rank, so every agent owns its own processes, its own process group and its own
+Megatron `parallel_state` — two agents with different layouts never share global state.
+
+Collective methods (`mean_logprobs`, `train`, `refit`, `save`, `load`, `save_hf`) must be called on every
+rank of the agent with the same arguments; generation runs on rank 0, which owns the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from nemo_hacpo.config import AgentConfig, AlgoConfig
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class AgentRank:
+    """Rank `rank` of agent `agent.name`. Call `setup` (collective) before anything else."""
+
+    def __init__(self, agent: AgentConfig, algo: AlgoConfig, rank: int, *, seed: int,
+                 run_dir: str, total_updates: int):
+        self.agent, self.algo, self.rank = agent, algo, rank
+        self.seed, self.run_dir, self.total_updates = seed, Path(run_dir), total_updates
+        self.trainer: Any = None
+        self.engine: Any = None
+        self.tokenizer: Any = None
+        self.arch: Any = None
+
+    # ------------------------------------------------------------------------------------------- set-up
+    def address(self) -> tuple[str, int]:
+        """Host and a free port of this rank's node (rank 0's becomes the agent's rendezvous)."""
+        return socket.gethostbyname(socket.gethostname()), free_port()
+
+    def setup(self, master_addr: str, master_port: int, init_weights: str | None = None,
+              start_engine: bool = True) -> dict[str, Any]:
+        """Join the agent's world, build the trainer, load initial weights, start the engine (rank 0).
+
+        `init_weights`: an HF checkpoint directory or a trainer checkpoint (`trainer_meta.json` inside) to start
+        from; None = the agent's own source (its HF path, or a seeded random init for tiny models).
+        """
+        from nemo_hacpo.models.spec import model_arch
+        from nemo_hacpo.models.tokenizers import load_tokenizer
+        from nemo_hacpo.training import MegatronTrainer, init_distributed
+
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        world = self.agent.parallel.world_size
+        init_distributed(self.rank, world, master_addr, master_port)
+        source = self.agent.tokenizer.source
+        self.tokenizer = load_tokenizer(self.agent.model.path if source == "model" else source)
+        self.arch = model_arch(self.agent, len(self.tokenizer))
+        self.trainer = MegatronTrainer(self.agent, self.arch, seed=self.seed, total_updates=self.total_updates,
+                                       reference_model=self.algo.kl_coef > 0)
+        start = init_weights or (self.agent.model.path if self.agent.model.source == "hf" else None)
+        if start is not None:
+            self.load_weights(start)
+        if self.trainer.reference is not None:
+            self.trainer.sync_reference()
+        info = {"agent": self.agent.name, "rank": self.rank, "parameters": sum(
+            p.numel() for p in self.trainer.model.parameters()), "family": self.arch.family}
+        if start_engine:
+            info["engine"] = self.start_engine()
+        return info
+
+    def load_weights(self, path: str) -> None:
+        """Initial weights from an HF checkpoint dir or a trainer checkpoint dir (model + optimizer state)."""
+        from nemo_hacpo.models.hf_conversion import load_hf_into_megatron
+
+        path_obj = Path(path)
+        if (path_obj / "config.json").is_file():
+            load_hf_into_megatron([self.trainer.module], self.arch, str(path_obj))
+            # the optimizer keeps its own (fp32 / sharded) copy of the parameters: refresh it
+            self.trainer.optimizer.reload_model_params()
+        elif path_obj.is_dir():
+            self.trainer.load_checkpoint(str(path_obj))
+        else:
+            raise FileNotFoundError(f"agent {self.agent.name!r}: no initial weights at {path_obj.resolve()} "
+                                    "(expected an HF checkpoint or a trainer checkpoint directory)")
+
+    def start_engine(self) -> dict[str, float] | None:
+        """Rank 0: save the current weights as an HF checkpoint and start vLLM on it (once per run)."""
+        from nemo_hacpo.rollout import RolloutEngine
+
+        hf_dir = self.save_hf(str(self.run_dir / "engines" / self.agent.name))
+        if self.rank != 0:
+            return None
+        self.engine = RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed)
+        return self.engine.stats
+
+    # --------------------------------------------------------------------------------------- generation
+    def generate(self, prompts: list[list[dict]], n: int, greedy: bool = False) -> dict[str, Any]:
+        """Rank 0: G = n responses per prompt. Returns plain data (Ray ships it to the driver)."""
+        from nemo_hacpo.rollout.sampling import SamplingSettings
+
+        if self.engine is None:
+            raise RuntimeError(f"agent {self.agent.name!r} rank {self.rank} owns no rollout engine")
+        sampling = SamplingSettings(temperature=0.0) if greedy else None
+        result = self.engine.generate(prompts, n, sampling=sampling)
+        return {
+            "prompt_token_ids": [list(ids) for ids in result.prompt_token_ids],
+            "responses": [[{"token_ids": list(r.token_ids), "text": r.text, "finish_reason": r.finish_reason,
+                            "logprobs": list(r.logprobs)} for r in group] for group in result.responses],
+            "stats": dict(result.stats),
+        }
+
+    # ----------------------------------------------------------------------------------------- training
+    def mean_logprobs(self, token_ids: list[list[int]], response_mask: list[list[int]],
+                      per_token: bool = False) -> torch.Tensor:
+        """Collective: m_old [N] (or token log-probs [N, T], shifted layout) under the current weights."""
+        rows = SimpleNamespace(token_ids=token_ids, response_mask=response_mask)
+        if per_token:
+            return self.trainer.compute_token_logprobs(rows)
+        return self.trainer.compute_mean_logprobs(rows)
+
+    def train(self, view: Any, algo: AlgoConfig, step: int) -> dict[str, float]:
+        """Collective: M optimizer updates over the learner's view."""
+        return self.trainer.train_step(view, algo, step)
+
+    def refit(self) -> dict[str, float]:
+        """Collective: stream the trainer's weights in HF layout into the engine (rank 0)."""
+        from nemo_hacpo.models.hf_conversion import export_hf_weights
+
+        weights = export_hf_weights([self.trainer.module], self.arch, to_cpu=True)
+        if self.engine is None:
+            for _ in weights:  # every rank runs the gather in step; only rank 0 has an engine to feed
+                pass
+            return {}
+        self.engine.refit(weights)
+        return {key: float(value) for key, value in self.engine.stats.items() if key.startswith("last_refit")}
+
+    def sft(self, prompts: list[list[dict]], solutions: list[str], steps: int, batch_size: int,
+            seed: int) -> list[float]:
+        """Collective: supervised warm start on worked solutions, through the same loss and optimizer path.
+
+        SFT is the policy loss at the sampling weights with A = 1 and no clip: m_old is recomputed just before
+        each single-update step, so s = exp(m − m_old) = 1 and ∇(−s·A) = −∇m, the gradient of the
+        sequence-mean token NLL of the solution (EOS included). Returns the NLL per step (sequence-mean of the token-mean NLL, before the step's update).
+        """
+        import dataclasses
+        import random
+
+        from nemo_hacpo.broker.reencode import render_prompt_ids
+        from nemo_hacpo.training.batching import TrainingRows
+
+        template = self.agent.tokenizer.chat_template
+        eos = self.tokenizer.eos_token_id
+        encoded = []
+        for messages, solution in zip(prompts, solutions, strict=True):
+            prompt = render_prompt_ids(messages, self.tokenizer, template)
+            response = self.tokenizer(solution, add_special_tokens=False)["input_ids"] + [eos]
+            response = response[: self.agent.max_response_length]
+            encoded.append((prompt + response, [0] * len(prompt) + [1] * len(response)))
+        sft_algo = dataclasses.replace(self.algo, name="gspo", updates_per_step=1, eps_low=1.0, eps_high=1e9,
+                                       kl_coef=0.0)
+        rng = random.Random(seed)
+        losses = []
+        for step in range(steps):
+            batch = rng.sample(encoded, min(batch_size, len(encoded)))
+            token_ids, masks = [b[0] for b in batch], [b[1] for b in batch]
+            m_old = self.mean_logprobs(token_ids, masks)
+            n = len(batch)
+            rows = TrainingRows(token_ids=token_ids, response_mask=masks, advantages=torch.ones(n),
+                                is_cross=torch.zeros(n, dtype=torch.bool), omega=torch.ones(n),
+                                behaviour_mean_logprob=m_old)
+            self.trainer.train_step(rows, sft_algo, step)
+            losses.append(-float(m_old.mean()))  # the batch's NLL (mean token) before this update
+        return losses
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+    def save(self, directory: str, step: int) -> str:
+        return self.trainer.save_checkpoint(directory, step)
+
+    def load(self, directory: str) -> dict[str, Any]:
+        return self.trainer.load_checkpoint(directory)
+
+    def save_hf(self, directory: str) -> str:
+        """Collective: the current weights as an HF checkpoint (+ tokenizer) in `directory`."""
+        from nemo_hacpo.models.hf_conversion import save_hf_checkpoint
+
+        save_hf_checkpoint([self.trainer.module], self.arch, self.tokenizer, directory)
+        return directory
+
+    def engine_stats(self) -> dict[str, float]:
+        return dict(self.engine.stats) if self.engine is not None else {}
+
+    def shutdown(self) -> None:
+        from nemo_hacpo.training import destroy_distributed
+
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+        if self.trainer is not None:
+            self.trainer.close()
+            self.trainer = None
+        destroy_distributed()
+
