@@ -1,0 +1,245 @@
+"""Training rows → optimizer mini-batches → data-parallel shards → padded micro-batches (pure, no torch.distributed).
+
+A learner's rows (spec §6: self first, cross last, never shuffled) are cut into `M` consecutive mini-batches,
+one per optimizer update `u`. Each mini-batch is split into `dp` contiguous shards, one per data-parallel
+replica, and each shard into micro-batches: at most `micro_batch_size` rows, or — with a token budget —
+as many consecutive rows as fit in `max_tokens` padded tokens (a dynamic micro-batch size).
+
+Micro-batches are right-padded to their own longest row (no packing). The shift by one happens here:
+
+    input_ids[b, t] = token_ids[b][t]          labels[b, t] = token_ids[b][t + 1]
+    loss_mask[b, t] = response_mask[b][t + 1]  (position t predicts token t + 1)       t < len_b − 1
+
+so `−CE(logits[b, t], labels[b, t])` is log π(y_{t+1} | y_≤t), scored where the label is a response token.
+The last token of a row is never an input whose prediction is needed and is dropped; padding (id
+`PAD_ID`, mask False) sits after it, which causal attention never lets real positions see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+PAD_ID = 0
+"""Token id written into padding (any valid id works: padded positions are masked and causally invisible)."""
+
+
+@dataclass
+class TrainingRows:
+    """One learner's training rows for a step, in training order (self first, cross last).
+
+    Row-aligned: `token_ids`/`response_mask` (ragged lists, prompt + response; mask 1 on response tokens),
+    `advantages [N]`, `is_cross [N] bool`, `omega [N]`, `behaviour_mean_logprob [N]` (m_k,old for own rows,
+    the source's m_j,old for cross rows). Optional `old_token_logprobs` / `ref_token_logprobs` are `[N, T]`
+    in the shifted layout (`[:, t]` = log-prob of token t + 1, T ≥ longest row − 1); the trainer fills them
+    when the algorithm needs them (grpo, β > 0) and they are absent.
+    """
+
+    token_ids: list[list[int]]
+    response_mask: list[list[int]]
+    advantages: torch.Tensor
+    is_cross: torch.Tensor
+    omega: torch.Tensor
+    behaviour_mean_logprob: torch.Tensor
+    old_token_logprobs: torch.Tensor | None = None
+    ref_token_logprobs: torch.Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        num_rows = len(self.token_ids)
+        if len(self.response_mask) != num_rows:
+            raise ValueError(f"token_ids has {num_rows} rows but response_mask has {len(self.response_mask)}")
+        for name in ("advantages", "is_cross", "omega", "behaviour_mean_logprob"):
+            value = getattr(self, name)
+            if tuple(value.shape) != (num_rows,):
+                raise ValueError(f"{name} must have shape [N] = [{num_rows}], got {tuple(value.shape)}")
+        if self.is_cross.dtype != torch.bool:
+            raise ValueError(f"is_cross must be bool, got {self.is_cross.dtype}")
+        validate_rows(self.token_ids, self.response_mask)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @classmethod
+    def from_view(cls, view: Any) -> TrainingRows:
+        """From a broker `LearnerView` (or anything with the same row-aligned fields)."""
+        if isinstance(view, TrainingRows):
+            return view
+        return cls(
+            token_ids=[list(row) for row in view.token_ids],
+            response_mask=[list(row) for row in view.response_mask],
+            advantages=torch.as_tensor(view.advantages, dtype=torch.float32),
+            is_cross=torch.as_tensor(view.is_cross, dtype=torch.bool),
+            omega=torch.as_tensor(view.omega, dtype=torch.float32),
+            behaviour_mean_logprob=torch.as_tensor(view.behaviour_mean_logprob, dtype=torch.float32),
+            old_token_logprobs=getattr(view, "old_token_logprobs", None),
+            ref_token_logprobs=getattr(view, "ref_token_logprobs", None),
+        )
+
+    @property
+    def is_self(self) -> torch.Tensor:
+        """`[N]` bool: rows the learner sampled itself (the KL term's rows)."""
+        return ~self.is_cross
+
+
+def validate_rows(token_ids: Sequence[Sequence[int]], response_mask: Sequence[Sequence[int]]) -> None:
+    """Each row has ≥ 2 tokens, a 0/1 mask of its length, and an unscored first token (nothing predicts it)."""
+    for index, (tokens, mask) in enumerate(zip(token_ids, response_mask, strict=True)):
+        if len(tokens) != len(mask):
+            raise ValueError(f"row {index}: {len(tokens)} tokens but a response mask of {len(mask)}")
+        if len(tokens) < 2:
+            raise ValueError(f"row {index}: needs ≥ 2 tokens (a prompt token and a scored token), got {len(tokens)}")
+        if mask[0]:
+            raise ValueError(f"row {index}: the first token is marked as response, but no position predicts it")
+        if any(m not in (0, 1) for m in mask):
+            raise ValueError(f"row {index}: response_mask must hold 0/1 values")
+
+
+def scored_token_counts(response_mask: Sequence[Sequence[int]]) -> list[int]:
+    """Scored (response) tokens per row: `L_k(y)` of spec §4."""
+    return [int(sum(mask[1:])) for mask in response_mask]
+
+
+def split_evenly(num_items: int, num_parts: int) -> list[range]:
+    """Contiguous ranges covering `0..num_items−1`, sizes differing by ≤ 1, the larger ones first.
+
+    split_evenly(10, 4) → [0:3], [3:6], [6:8], [8:10]. Parts may be empty when num_items < num_parts.
+    """
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be ≥ 1, got {num_parts}")
+    if num_items < 0:
+        raise ValueError(f"num_items must be ≥ 0, got {num_items}")
+    base, extra = divmod(num_items, num_parts)
+    ranges, start = [], 0
+    for part in range(num_parts):
+        size = base + (1 if part < extra else 0)
+        ranges.append(range(start, start + size))
+        start += size
+    return ranges
+
+
+def minibatch_ranges(num_rows: int, num_updates: int, dp_size: int = 1) -> list[range]:
+    """The `M` consecutive optimizer mini-batches of a step (spec §6: one pass, in order).
+
+    Every mini-batch needs ≥ `dp_size` rows so that each data-parallel replica has a micro-batch.
+    """
+    if num_updates < 1:
+        raise ValueError(f"updates_per_step must be ≥ 1, got {num_updates}")
+    if num_rows < num_updates * dp_size:
+        raise ValueError(f"{num_rows} rows cannot fill {num_updates} updates × {dp_size} data-parallel replicas "
+                         "(each replica needs ≥ 1 row per update); lower algo.updates_per_step or parallel.dp")
+    return split_evenly(num_rows, num_updates)
+
+
+def micro_batches(rows: Sequence[int], lengths: Sequence[int], micro_batch_size: int,
+                  max_tokens: int | None = None) -> list[list[int]]:
+    """Cut consecutive `rows` into micro-batches.
+
+    Fixed size: chunks of `micro_batch_size` rows. With `max_tokens`: greedy, a row joins the current
+    micro-batch while `rows · (longest input length)` stays ≤ max_tokens and the count ≤ micro_batch_size;
+    a row longer than the budget gets a micro-batch of its own. `lengths[r]` is row r's input length
+    (tokens − 1, the shifted layout).
+    """
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be ≥ 1, got {micro_batch_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be ≥ 1, got {max_tokens}")
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for row in rows:
+        grown_longest = max(longest, lengths[row])
+        fits = len(current) < micro_batch_size and (
+            max_tokens is None or (len(current) + 1) * grown_longest <= max_tokens)
+        if current and not fits:
+            batches.append(current)
+            current, grown_longest = [], lengths[row]
+        current.append(row)
+        longest = grown_longest
+    if current:
+        batches.append(current)
+    return batches
+
+
+@dataclass
+class MicroBatch:
+    """One padded micro-batch, `B` rows × `S` positions (the shifted layout of the module docstring).
+
+    `row_index [B]` holds the rows' indices in `TrainingRows`; the per-row fields are sliced from it.
+    `old_token_logprobs`/`ref_token_logprobs` are `[B, S]` when present.
+    """
+
+    input_ids: torch.Tensor  # [B, S] int64
+    position_ids: torch.Tensor  # [B, S] int64
+    labels: torch.Tensor  # [B, S] int64
+    loss_mask: torch.Tensor  # [B, S] bool
+    row_index: torch.Tensor  # [B] int64
+    advantages: torch.Tensor | None = None  # [B]
+    is_cross: torch.Tensor | None = None  # [B] bool
+    omega: torch.Tensor | None = None  # [B]
+    behaviour_mean_logprob: torch.Tensor | None = None  # [B]
+    old_token_logprobs: torch.Tensor | None = None  # [B, S]
+    ref_token_logprobs: torch.Tensor | None = None  # [B, S]
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        moved = {name: (value.to(device) if isinstance(value, torch.Tensor) else value)
+                 for name, value in self.__dict__.items()}
+        return MicroBatch(**moved)
+
+
+def padded_length(longest_input: int, multiple: int = 1) -> int:
+    """`longest_input` rounded up to a multiple of `multiple` (FP8 GEMMs need token counts divisible by 16)."""
+    if multiple < 1:
+        raise ValueError(f"pad_to_multiple must be ≥ 1, got {multiple}")
+    return -(-longest_input // multiple) * multiple
+
+
+def pad_micro_batch(token_ids: Sequence[Sequence[int]], response_mask: Sequence[Sequence[int]],
+                    rows: Sequence[int], pad_to_multiple: int = 1) -> MicroBatch:
+    """Right-pad `rows` to their longest input length (rounded up to `pad_to_multiple`) and shift labels
+    by one (module docstring).
+
+    Example: tokens [5, 6, 7] with mask [0, 1, 1] and tokens [8, 9] with mask [0, 1] →
+    input_ids [[5, 6], [8, 0]], labels [[6, 7], [9, 0]], loss_mask [[T, T], [T, F]].
+    """
+    if not rows:
+        raise ValueError("a micro-batch needs ≥ 1 row")
+    seq_len = padded_length(max(len(token_ids[r]) for r in rows) - 1, pad_to_multiple)
+    input_ids = torch.full((len(rows), seq_len), PAD_ID, dtype=torch.long)
+    labels = torch.full((len(rows), seq_len), PAD_ID, dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), seq_len), dtype=torch.bool)
+    for b, r in enumerate(rows):
+        tokens = torch.as_tensor(token_ids[r], dtype=torch.long)
+        length = tokens.numel() - 1
+        input_ids[b, :length] = tokens[:-1]
+        labels[b, :length] = tokens[1:]
+        loss_mask[b, :length] = torch.as_tensor(response_mask[r][1:], dtype=torch.bool)
+    position_ids = torch.arange(seq_len, dtype=torch.long).expand(len(rows), seq_len).contiguous()
+    return MicroBatch(input_ids=input_ids, position_ids=position_ids, labels=labels, loss_mask=loss_mask,
+                      row_index=torch.as_tensor(list(rows), dtype=torch.long))
+
+
+def training_micro_batch(rows: TrainingRows, indices: Sequence[int], pad_to_multiple: int = 1) -> MicroBatch:
+    """`pad_micro_batch` plus the per-row loss inputs (and token log-probs fitted to the micro-batch's length)."""
+    batch = pad_micro_batch(rows.token_ids, rows.response_mask, indices, pad_to_multiple)
+    index = batch.row_index
+    seq_len = batch.input_ids.shape[1]
+    batch.advantages = rows.advantages[index].float()
+    batch.is_cross = rows.is_cross[index]
+    batch.omega = rows.omega[index].float()
+    batch.behaviour_mean_logprob = rows.behaviour_mean_logprob[index].float()
+    for name in ("old_token_logprobs", "ref_token_logprobs"):
+        full = getattr(rows, name)
+        if full is not None:
+            if full.shape[0] != len(rows):
+                raise ValueError(f"{name} has {full.shape[0]} rows, expected {len(rows)}")
+            values = full[index, :seq_len].float()  # [B, ≤ S]; missing columns are padding (masked)
+            setattr(batch, name, torch.nn.functional.pad(values, (0, seq_len - values.shape[1])))
+    return batch

@@ -1,0 +1,60 @@
+"""One agent's torch.distributed world: start it, seed it, tear it down.
+
+Every agent forms its own world (architecture.md, "Processes"): the ranks of one agent's trainer call
+`init_distributed` with that agent's rendezvous address, then build a `MegatronTrainer`, which owns
+Megatron's `parallel_state` for that world. Two agents never share a process.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500,
+                     backend: str | None = None, *, local_rank: int | None = None,
+                     timeout_s: float = 1800.0) -> None:
+    """Join this agent's world as `rank` of `world_size` (TCP rendezvous at master_addr:master_port).
+
+    On CUDA machines the rank's GPU is `local_rank` (default: `rank % device_count`) and the backend NCCL;
+    on CPU-only torch the Megatron CPU shim is applied to this thread first and the backend is gloo.
+    """
+    if dist.is_initialized():
+        raise RuntimeError("torch.distributed is already initialised in this process (one agent world per process)")
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank if local_rank is not None else rank % torch.cuda.device_count())
+    else:
+        from nemo_hacpo.models.megatron_cpu_shim import apply_cpu_shim
+
+        apply_cpu_shim()
+    dist.init_process_group(backend or default_backend(), init_method=f"tcp://{master_addr}:{master_port}",
+                            rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def destroy_distributed() -> None:
+    """Tear down Megatron's model-parallel state (if any) and the process group."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def seed_all(seed: int) -> None:
+    """Seed torch's default stream and Megatron's named model-parallel streams (TP-rank offsets inside).
+
+    The default stream gets `seed + 100·pp_rank` (Megatron-LM's convention) so pipeline stages initialise
+    different layers differently.
+    """
+    from megatron.core import parallel_state, tensor_parallel
+
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    torch.manual_seed(seed + 100 * pp_rank)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed + 100 * pp_rank)

@@ -1,0 +1,438 @@
+"""`MegatronTrainer`: one rank of one agent's Megatron-core trainer (model shard, optimizer, HACPO updates).
+
+Construct it in a process whose torch.distributed world is exactly this agent's (`init_distributed`); it
+initialises Megatron's `parallel_state` for the agent's TP/PP/DP layout, builds this rank's pipeline stage
+of the GPT, wraps it in Megatron DDP, and builds the Megatron optimizer and LR schedule. Per RL step the
+runtime calls, on **every rank of the agent, with the same arguments**:
+
+    m_old = trainer.compute_mean_logprobs(own_rows)       # [N] m_k,old of the agent's own samples (spec §4)
+    ...broker builds the learner view...
+    metrics = trainer.train_step(view, algo, step)        # M optimizer updates, metrics on every rank
+    trainer.save_checkpoint(dir, step)                    # when the driver decides (collective)
+
+Every rank receives the whole row list; each data-parallel replica takes its contiguous shard of every
+mini-batch, so global normalisers are known locally and no rows travel between ranks.
+
+Losses. Megatron's schedule runs with `calculate_per_token_loss=True`: it neither divides the loss by the
+number of micro-batches nor averages gradients over data-parallel replicas (it sums them), and the
+trainer's `finalize_model_grads` does not rescale. Each micro-batch returns its exact share of the
+mini-batch loss (`objective.micro_batch_loss`, divided by the global `D`), so gradients equal those of
+the whole mini-batch on one device, whatever the micro-batch size or DP size.
+
+Log-probs. `−vocab_parallel_cross_entropy(logits / T, label)` = log π(label), computed on the last stage
+from vocab-parallel logits in fp32; Megatron's padded vocabulary rows (≥ the tokenizer's vocabulary) are
+masked out so the distribution is the HF/vLLM one. Results of no-grad passes are summed over DP replicas
+(disjoint rows) and broadcast from the last pipeline stage, so every rank returns them.
+
+Micro-batches are right-padded (to their own longest row, rounded up to `pad_to_multiple`), optionally
+sized by a padded-token budget. Not done yet: padding-free packing (`cu_seqlens` / THD with the TE
+spec), context parallelism (rejected at construction), offloading the reference model to CPU between
+its uses (it stays on the device, as one more copy of the weights, only when β > 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from nemo_hacpo.algo import sequence_mean_logprob
+from nemo_hacpo.training.batching import (
+    MicroBatch,
+    TrainingRows,
+    micro_batches,
+    minibatch_ranges,
+    pad_micro_batch,
+    padded_length,
+    scored_token_counts,
+    split_evenly,
+    training_micro_batch,
+    validate_rows,
+)
+from nemo_hacpo.training.flops import batch_flops
+from nemo_hacpo.training.metrics import REDUCTIONS, MetricAccumulator, reduce_metrics
+from nemo_hacpo.training.objective import micro_batch_loss, policy_normaliser
+
+if TYPE_CHECKING:
+    from nemo_hacpo.config import AgentConfig, AlgoConfig
+    from nemo_hacpo.models.spec import ModelArch
+
+
+def _finalize_grads_summed(model, num_tokens=None, **kwargs: Any) -> None:
+    """Megatron's `finalize_model_grads` (DP reduce, TP/PP shared-weight reduces) without the per-token
+    rescale: the loss is already divided by the global normaliser."""
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads(model, None, **kwargs)
+
+
+def mask_padded_vocab(vocab_parallel_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Set the logits of Megatron's padding rows (global vocab index ≥ `vocab_size`) to the most negative
+    float, on this TP rank's slice `[..., V/tp]`; a no-op (same tensor) when the slice has no padding."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel.utils import VocabUtility
+
+    partition = vocab_parallel_logits.shape[-1]
+    start, end = VocabUtility.vocab_range_from_per_partition_vocab_size(
+        partition, parallel_state.get_tensor_model_parallel_rank(),
+        parallel_state.get_tensor_model_parallel_world_size())
+    if end <= vocab_size:
+        return vocab_parallel_logits
+    is_padding = torch.arange(start, end, device=vocab_parallel_logits.device) >= vocab_size  # [V/tp]
+    return vocab_parallel_logits.masked_fill(is_padding, torch.finfo(vocab_parallel_logits.dtype).min)
+
+
+class MegatronTrainer:
+    """One rank of an agent's trainer. See the module docstring for the call sequence.
+
+    Args:
+        agent: the agent's config (parallel layout, optimizer, precision).
+        arch: its architecture (`nemo_hacpo.models.spec.model_arch`).
+        seed: initialisation seed (weights are normally loaded afterwards).
+        total_updates: optimizer updates of the whole run (steps · M), the LR decay horizon.
+        reference_model: keep a frozen copy of the initial weights for the KL term (needed iff β > 0).
+        use_te: Transformer Engine layer spec (default: on CUDA when TE is importable).
+        logit_temperature: divide logits by this before the softmax (the sampler's temperature).
+        max_tokens_per_micro_batch: dynamic micro-batches by padded-token budget (None: fixed size
+            `agent.parallel.micro_batch_size`, which still caps the rows per micro-batch).
+        pad_to_multiple: round each micro-batch's padded length up to this multiple (default: 1, or with
+            FP8 16 — Transformer Engine's FP8 GEMMs need token counts divisible by 16 — and 128 for the
+            block-scaled recipes, a conservative choice for their 128-element scaling blocks).
+    """
+
+    def __init__(self, agent: AgentConfig, arch: ModelArch, *, seed: int = 0, total_updates: int = 1000,
+                 reference_model: bool = False, use_te: bool | None = None, logit_temperature: float = 1.0,
+                 max_tokens_per_micro_batch: int | None = None, pad_to_multiple: int | None = None):
+        from megatron.core import parallel_state
+
+        from nemo_hacpo.models.spec import transformer_config
+        from nemo_hacpo.training.distributed import seed_all
+
+        parallel = agent.parallel
+        if not dist.is_initialized():
+            raise RuntimeError("MegatronTrainer needs torch.distributed initialised for this agent "
+                               "(call nemo_hacpo.training.init_distributed first)")
+        if dist.get_world_size() != parallel.world_size:
+            raise ValueError(f"agent {agent.name!r}: world size {dist.get_world_size()} ≠ tp·pp·cp·dp = "
+                             f"{parallel.world_size}")
+        if parallel.cp != 1:
+            raise ValueError("context parallelism is not supported by the trainer (parallel.cp must be 1)")
+        if logit_temperature <= 0:
+            raise ValueError(f"logit_temperature must be > 0, got {logit_temperature}")
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            from nemo_hacpo.models.megatron_cpu_shim import apply_cpu_shim
+
+            apply_cpu_shim()
+        if parallel_state.model_parallel_is_initialized():
+            raise RuntimeError("Megatron parallel_state is already initialised in this process; close() the "
+                               "previous trainer first")
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
+            context_parallel_size=parallel.cp)
+        seed_all(seed)
+
+        self.agent, self.arch = agent, arch
+        self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        self.micro_batch_size = parallel.micro_batch_size
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.pad_to_multiple = pad_to_multiple if pad_to_multiple is not None else fp8_pad_multiple(agent)
+        self.logit_temperature = float(logit_temperature)
+        self.use_te = use_te if use_te is not None else (on_gpu and _transformer_engine_available())
+        self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.is_first_stage = parallel_state.is_pipeline_first_stage()
+        self.is_last_stage = parallel_state.is_pipeline_last_stage()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.pp_group = parallel_state.get_pipeline_model_parallel_group()
+        self.pp_last_rank = parallel_state.get_pipeline_model_parallel_last_rank()
+
+        self.config = transformer_config(
+            arch, parallel, agent.precision, device="cuda" if on_gpu else "cpu",
+            calculate_per_token_loss=True)
+        # Micro-batches are padded to their own length, so pipeline stages exchange shapes first. Set after
+        # construction: TransformerConfig refuses it with the (unused, dense model) MoE allgather dispatcher.
+        self.config.variable_seq_lengths = parallel.pp > 1
+        self.config.finalize_model_grads_func = _finalize_grads_summed
+        self.model = self._build_ddp_model()
+        self.config.no_sync_func = self.model.no_sync
+        self.optimizer = self._build_optimizer()
+        self.scheduler = self._build_scheduler(total_updates)
+        self.reference = self._build_module() if reference_model else None
+        if self.reference is not None:
+            self.reference.requires_grad_(False).eval()
+            self.sync_reference()
+        self.updates_done = 0
+        self.last_step: int | None = None
+
+    # ------------------------------------------------------------------------------------------ building
+    def _build_module(self):
+        from nemo_hacpo.models.spec import build_gpt_model
+
+        module = build_gpt_model(self.arch, self.config, use_te=self.use_te, pre_process=self.is_first_stage,
+                                 post_process=self.is_last_stage)
+        return module.to(self.device)
+
+    def _build_ddp_model(self):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+            use_distributed_optimizer=self.agent.optimizer.use_distributed_optimizer)
+        return DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=self._build_module())
+
+    def _build_optimizer(self):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        opt = self.agent.optimizer
+        dtype = self.config.params_dtype
+        config = OptimizerConfig(
+            optimizer=opt.name, lr=opt.lr, min_lr=opt.min_lr, weight_decay=opt.weight_decay,
+            adam_beta1=opt.adam_beta1, adam_beta2=opt.adam_beta2, adam_eps=opt.adam_eps, sgd_momentum=0.0,
+            # clip_grad = 0 means "off"; +inf keeps Megatron computing (and returning) the grad norm.
+            clip_grad=opt.clip_grad if opt.clip_grad > 0 else math.inf,
+            bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
+            use_distributed_optimizer=opt.use_distributed_optimizer)
+        return get_megatron_optimizer(config, [self.model])
+
+    def _build_scheduler(self, total_updates: int):
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        opt = self.agent.optimizer
+        decay_steps = max(total_updates, opt.lr_warmup_steps + 1)
+        # Warm-up starts at lr/W rather than Megatron's default 0, so the first update is not a no-op:
+        # lr_k = lr/W + (lr − lr/W)·k/W for update k ≤ W, then the decay style down to min_lr at total_updates.
+        init_lr = opt.lr / opt.lr_warmup_steps if opt.lr_warmup_steps > 0 else opt.lr
+        return OptimizerParamScheduler(
+            self.optimizer, init_lr=init_lr, max_lr=opt.lr,
+            min_lr=opt.min_lr, lr_warmup_steps=opt.lr_warmup_steps, lr_decay_steps=decay_steps,
+            lr_decay_style=opt.lr_decay_style, start_wd=opt.weight_decay, end_wd=opt.weight_decay,
+            wd_incr_steps=decay_steps, wd_incr_style="constant")
+
+    def sync_reference(self) -> None:
+        """Copy the policy's current weights into the reference model (after loading initial weights)."""
+        if self.reference is None:
+            raise RuntimeError("this trainer keeps no reference model (reference_model=False)")
+        self.reference.load_state_dict(self.model.module.state_dict(), strict=True)
+
+    @property
+    def module(self):
+        """This rank's unwrapped `GPTModel` stage (for weight import/export)."""
+        return self.model.module
+
+    @property
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # ------------------------------------------------------------------------------------- forward parts
+    def _token_logprobs(self, output: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """`[B, S]` log π(label) from this stage's vocab-parallel logits `[B, S, V/tp]` (last stage only)."""
+        from megatron.core import tensor_parallel
+
+        logits = output.float()
+        if self.logit_temperature != 1.0:
+            logits = logits / self.logit_temperature
+        logits = mask_padded_vocab(logits, self.arch.vocab_size)
+        return -tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
+
+    def _run_schedule(self, model, batches: list[MicroBatch], loss_func, forward_only: bool) -> None:
+        """Megatron's schedule (1F1B with PP) over `batches`; `loss_func(batch, output)` on the last stage."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator: Iterator[MicroBatch], chunk):
+            batch = next(data_iterator).to(self.device)
+            output = chunk(batch.input_ids, batch.position_ids, None)  # last stage: logits [B, S, V/tp]
+            return output, functools.partial(loss_func, batch)
+
+        get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
+            num_microbatches=len(batches), seq_length=max(b.input_ids.shape[1] for b in batches),
+            micro_batch_size=max(b.num_rows for b in batches), forward_only=forward_only)
+
+    def _shard_micro_batches(self, rows: range, lengths: Sequence[int]) -> list[list[int]]:
+        """This DP replica's contiguous share of `rows`, cut into micro-batches."""
+        shard = split_evenly(len(rows), self.dp_size)[self.dp_rank]
+        mine = [rows[i] for i in shard]
+        if self.max_tokens_per_micro_batch is None:
+            return micro_batches(mine, lengths, self.micro_batch_size)
+        padded = {row: padded_length(lengths[row], self.pad_to_multiple) for row in mine}  # what padding costs
+        return micro_batches(mine, padded, self.micro_batch_size, self.max_tokens_per_micro_batch)
+
+    def _share_from_last_stage(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum a row-indexed buffer over DP replicas (disjoint rows), then copy the last stage's to all."""
+        if self.dp_size > 1:
+            dist.all_reduce(values, op=dist.ReduceOp.SUM, group=self.dp_group)
+        if dist.get_world_size(self.pp_group) > 1:
+            dist.broadcast(values, src=self.pp_last_rank, group=self.pp_group)
+        return values
+
+    @torch.no_grad()
+    def _forward_logprobs(self, model, token_ids: Sequence[Sequence[int]], response_mask: Sequence[Sequence[int]],
+                          per_token: bool) -> torch.Tensor:
+        """No-grad log-probs of every row: `[N]` sequence means, or `[N, T]` token log-probs in the shifted
+        layout (T = longest row − 1, zeros off the response), on every rank (CPU tensor)."""
+        validate_rows(token_ids, response_mask)
+        lengths = [len(row) - 1 for row in token_ids]
+        num_rows = len(token_ids)
+        if num_rows == 0:
+            return torch.zeros((0, 0) if per_token else (0,), dtype=torch.float32)
+        shape = (num_rows, max(lengths)) if per_token else (num_rows,)
+        values = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        plan = self._shard_micro_batches(range(num_rows), lengths)
+        batches = [pad_micro_batch(token_ids, response_mask, indices, self.pad_to_multiple) for indices in plan]
+        zero_count = torch.zeros((), dtype=torch.int, device=self.device)
+
+        def store(batch: MicroBatch, output: torch.Tensor):
+            token_logprobs = self._token_logprobs(output, batch.labels)  # [B, S]
+            if per_token:
+                seq_len = min(token_logprobs.shape[1], values.shape[1])  # beyond: padding to pad_to_multiple
+                scored = torch.where(batch.loss_mask, token_logprobs, 0.0)
+                values[batch.row_index, :seq_len] = scored[:, :seq_len]
+            else:
+                values[batch.row_index] = sequence_mean_logprob(token_logprobs, batch.loss_mask)
+            return token_logprobs.new_zeros(()), zero_count, {}
+
+        if batches:  # a replica without rows (N < dp) still joins the reduction below
+            was_training = model.training
+            model.eval()
+            self._run_schedule(model, batches, store, forward_only=True)
+            model.train(was_training)
+        return self._share_from_last_stage(values).cpu()
+
+    # ------------------------------------------------------------------------------------------ public API
+    def compute_mean_logprobs(self, rows: Any) -> torch.Tensor:
+        """`[N]` m(y) = mean log-prob of the response tokens of each row under the current weights (no grad).
+
+        `rows` has `token_ids` and `response_mask` (a `LearnerView`, `TrainingRows` or the agent's own
+        rollouts); called before any update of the step this is m_k,old of spec §4. Returned on every rank.
+        """
+        return self._forward_logprobs(self.model, rows.token_ids, rows.response_mask, per_token=False)
+
+    def compute_token_logprobs(self, rows: Any, *, reference: bool = False) -> torch.Tensor:
+        """`[N, T]` per-token log-probs (shifted layout: `[n, t]` scores token t + 1; 0 off the response),
+        from the policy or (reference=True) the reference model. Returned on every rank."""
+        if reference and self.reference is None:
+            raise RuntimeError("this trainer keeps no reference model (reference_model=False)")
+        model = self.reference if reference else self.model
+        return self._forward_logprobs(model, rows.token_ids, rows.response_mask, per_token=True)
+
+    def train_step(self, view: Any, algo: AlgoConfig, step: int) -> dict[str, float]:
+        """`M = algo.updates_per_step` optimizer updates over the rows, in order (spec §6).
+
+        `view`: a broker `LearnerView` or `TrainingRows` (self rows first, cross rows last). Rows are cut
+        into M consecutive mini-batches; update u uses the stepwise cross clip bound lo_u. For grpo the old
+        token log-probs (and with β > 0 the reference token log-probs) are computed first, at the weights
+        the step starts from (the sampling weights), unless the rows carry them.
+
+        Returns the same metrics on every rank: the loss parts (`loss`, `policy_loss`, `kl_loss`: mean over
+        updates of the mini-batch loss), every metric of the policy loss combined over the step's rows
+        (`training.metrics`), `loss_u{u}` per update, `grad_norm` (mean over updates; before clipping) and
+        `grad_norm_max`, `lr` (of the last update), `step_time_s`, `tokens_per_s` (all tokens of the rows,
+        prompt included, per second of the whole step) and `tflops_per_gpu` (model FLOPs of the updates and
+        of the step's own no-grad passes, `training.flops`, per second and per rank).
+        """
+        start = time.perf_counter()
+        rows = dataclasses.replace(TrainingRows.from_view(view))  # a copy: the caller's rows stay untouched
+        if algo.kl_coef > 0 and self.reference is None and rows.ref_token_logprobs is None:
+            raise ValueError("algo.kl_coef > 0 needs a reference model: build the trainer with reference_model=True")
+        lengths = [len(row) - 1 for row in rows.token_ids]
+        forward_passes = 0
+        if algo.name == "grpo" and rows.old_token_logprobs is None:
+            rows.old_token_logprobs = self.compute_token_logprobs(rows)
+            forward_passes += 1
+        if algo.kl_coef > 0 and rows.ref_token_logprobs is None:
+            rows.ref_token_logprobs = self.compute_token_logprobs(rows, reference=True)
+            forward_passes += 1
+
+        scored = scored_token_counts(rows.response_mask)
+        keys = [k for k in REDUCTIONS if algo.kl_coef > 0 or k not in ("kl_loss", "kl_mean")]
+        step_metrics = MetricAccumulator(keys, token_level=algo.name == "grpo", device=self.device)
+        extra: dict[str, float] = {}
+        grad_norms = []
+        for update_index, minibatch in enumerate(minibatch_ranges(len(rows), algo.updates_per_step, self.dp_size)):
+            num_sequences = len(minibatch)
+            num_tokens = sum(scored[i] for i in minibatch)
+            normaliser = policy_normaliser(algo, num_sequences, num_tokens)
+            update_metrics = MetricAccumulator(keys, token_level=algo.name == "grpo", device=self.device)
+            batches = [training_micro_batch(rows, indices, self.pad_to_multiple)
+                       for indices in self._shard_micro_batches(minibatch, lengths)]
+
+            def loss_func(batch: MicroBatch, output: torch.Tensor, u=update_index, d=normaliser, n=num_sequences,
+                          acc=update_metrics):
+                token_logprobs = self._token_logprobs(output, batch.labels)
+                loss, metrics = micro_batch_loss(token_logprobs, batch, algo, u, normaliser=d, num_sequences=float(n))
+                acc.add(metrics)
+                step_metrics.add(metrics)
+                return loss, torch.tensor(batch.num_rows, dtype=torch.int, device=self.device), {}
+
+            lr = self.current_lr
+            self.model.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            self._run_schedule(self.model, batches, loss_func, forward_only=False)
+            update_successful, grad_norm, _ = self.optimizer.step()
+            if not update_successful:
+                raise FloatingPointError(f"optimizer update {update_index} of step {step} found inf/NaN gradients")
+            self.scheduler.step(1)
+            self.updates_done += 1
+            step_metrics.end_update()
+            reduce_metrics(update_metrics, self.dp_group, self.pp_group, self.pp_last_rank)
+            extra[f"loss_u{update_index}"] = update_metrics.result().get("loss", math.nan)
+            grad_norms.append(float(grad_norm) if grad_norm is not None else math.nan)
+            extra["lr"] = lr
+
+        reduce_metrics(step_metrics, self.dp_group, self.pp_group, self.pp_last_rank)
+        elapsed = time.perf_counter() - start
+        seq_lens = [len(row) for row in rows.token_ids]
+        flops = batch_flops(self.arch, seq_lens, backward=True) + forward_passes * batch_flops(
+            self.arch, seq_lens, backward=False)
+        self.last_step = step
+        return {
+            **step_metrics.result(), **extra,
+            "grad_norm": sum(grad_norms) / len(grad_norms), "grad_norm_max": max(grad_norms),
+            "step_time_s": elapsed, "tokens_per_s": sum(seq_lens) / elapsed,
+            "tflops_per_gpu": flops / elapsed / dist.get_world_size() / 1e12,
+        }
+
+    # ----------------------------------------------------------------------------------------- checkpoints
+    def save_checkpoint(self, directory: str, step: int | None = None) -> str:
+        """Collective: model + optimizer + scheduler + RNG to `directory` (atomic). See `checkpoint.py`."""
+        from nemo_hacpo.training.checkpoint import save_checkpoint
+
+        return save_checkpoint(self, directory, step=step)
+
+    def load_checkpoint(self, directory: str) -> dict[str, Any]:
+        """Collective: restore what `save_checkpoint` wrote (any TP/PP/DP layout); returns its metadata."""
+        from nemo_hacpo.training.checkpoint import load_checkpoint
+
+        return load_checkpoint(self, directory)
+
+    def close(self) -> None:
+        """Release Megatron's model-parallel state (the process group stays: `destroy_distributed`)."""
+        from megatron.core import parallel_state
+
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+
+
+def fp8_pad_multiple(agent: AgentConfig) -> int:
+    """Default micro-batch length multiple: 1 without FP8, 16 with per-tensor FP8, 128 with block scaling."""
+    precision = agent.precision
+    if precision.fp8 is None:
+        return 1
+    return 128 if precision.fp8_recipe in ("blockwise", "mxfp8") else 16
+
+
+def _transformer_engine_available() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True

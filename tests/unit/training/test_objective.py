@@ -1,0 +1,121 @@
+"""One micro-batch's loss share: hand-computed HACPO + KL numbers, and split invariance (the shares of any
+micro-batch split sum to the whole mini-batch's loss and gradient)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from nemo_hacpo.config import AlgoConfig
+from nemo_hacpo.training.batching import MicroBatch
+from nemo_hacpo.training.objective import micro_batch_loss, policy_normaliser, uses_token_normaliser
+
+F64 = torch.float64
+
+
+def _batch(mask, advantages, is_cross, omega, behaviour, old=None, ref=None) -> MicroBatch:
+    mask = torch.tensor(mask, dtype=torch.bool)
+    zeros = torch.zeros(mask.shape, dtype=torch.long)
+    return MicroBatch(input_ids=zeros, position_ids=zeros, labels=zeros, loss_mask=mask,
+                      row_index=torch.arange(mask.shape[0]), advantages=torch.tensor(advantages, dtype=F64),
+                      is_cross=torch.tensor(is_cross), omega=torch.tensor(omega, dtype=F64),
+                      behaviour_mean_logprob=torch.tensor(behaviour, dtype=F64), old_token_logprobs=old,
+                      ref_token_logprobs=ref)
+
+
+def test_policy_normaliser_counts_sequences_or_tokens() -> None:
+    assert policy_normaliser(AlgoConfig(name="hacpo"), 512, 90000) == 512.0
+    assert policy_normaliser(AlgoConfig(name="gspo"), 512, 90000) == 512.0
+    grpo_tokens = AlgoConfig(name="grpo", grpo_loss_agg="token-mean")
+    assert uses_token_normaliser(grpo_tokens) and policy_normaliser(grpo_tokens, 512, 90000) == 90000.0
+    assert policy_normaliser(AlgoConfig(name="grpo", grpo_loss_agg="seq-mean-token-mean"), 512, 90000) == 512.0
+    with pytest.raises(ValueError, match="no rows"):
+        policy_normaliser(AlgoConfig(name="hacpo"), 0, 10)
+
+
+def test_hacpo_share_with_kl_hand_computed() -> None:
+    # row 0 self: logp [−1, −3] → m = −2 = m_old → s = 1 → obj = A = 0.5
+    # row 1 cross (ω = 2): logp [−0.5] → m = −0.5, m_old = −0.4 → s = e^−0.1 = 0.904837 ∈ [lo_0 = 0.8, 1]
+    #   obj = s·sg(s)^1·ω·A = 2·e^−0.2 = 1.637462
+    # policy share = −(0.5 + 1.637462)/4 (D = 4 sequences in the whole mini-batch) = −0.534365
+    # KL (β = 0.1, self rows only): ref row 0 [−1, −2] → d = [0, 1] → k3 = [0, e − 2] → mean 0.359141
+    #   share = 0.1·0.359141/4 = 0.008979
+    junk = 99.0  # a padded position: must not leak
+    token_logprobs = torch.tensor([[-1.0, -3.0, junk], [-0.5, junk, junk]], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([[-1.0, -2.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    batch = _batch([[1, 1, 0], [1, 0, 0]], [0.5, 1.0], [False, True], [1.0, 2.0], [-2.0, -0.4], ref=ref)
+    loss, metrics = micro_batch_loss(token_logprobs, batch, AlgoConfig(kl_coef=0.1), 0, normaliser=4.0,
+                                     num_sequences=4.0)
+    policy = -(0.5 + 2 * math.exp(-0.2)) / 4
+    kl = 0.1 * (math.e - 2) / 2 / 4
+    assert metrics["policy_loss"].item() == pytest.approx(policy, rel=1e-12)
+    assert metrics["kl_loss"].item() == pytest.approx(kl, rel=1e-12)
+    assert metrics["kl_mean"].item() == pytest.approx((math.e - 2) / 2, rel=1e-12)
+    assert loss.item() == pytest.approx(policy + kl, rel=1e-12) == metrics["loss"].item()
+    assert metrics["num_cross"].item() == 1 and metrics["cross_clip_lower"].item() == pytest.approx(0.8)
+    loss.backward()
+    assert token_logprobs.grad[:, 1:].tolist()[1] == [0.0, 0.0]  # padding gets no gradient
+    assert token_logprobs.grad[0, 2].item() == 0.0
+
+
+def _random_case(num_rows: int, seq_len: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, seq_len + 1, (num_rows,), generator=generator)
+    mask = torch.arange(seq_len)[None, :] < lengths[:, None]  # [N, T]
+    token_logprobs = -torch.rand(num_rows, seq_len, generator=generator, dtype=torch.float64) * 3
+    is_cross = torch.arange(num_rows) >= num_rows // 2
+    behaviour = (torch.where(mask, token_logprobs, 0.0).sum(1) / lengths) + torch.where(
+        is_cross, torch.randn(num_rows, generator=generator, dtype=torch.float64) * 0.2, 0.0)
+    fields = dict(
+        advantages=torch.randn(num_rows, generator=generator, dtype=torch.float64), is_cross=is_cross,
+        omega=torch.rand(num_rows, generator=generator, dtype=torch.float64) + 0.5, behaviour=behaviour,
+        old=token_logprobs + torch.randn(num_rows, seq_len, generator=generator, dtype=torch.float64) * 0.1,
+        ref=token_logprobs + torch.randn(num_rows, seq_len, generator=generator, dtype=torch.float64) * 0.1)
+    return token_logprobs, mask, fields
+
+
+def _piece(token_logprobs, mask, fields, rows) -> tuple[torch.Tensor, MicroBatch]:
+    return token_logprobs[rows], MicroBatch(
+        input_ids=mask[rows].long(), position_ids=mask[rows].long(), labels=mask[rows].long(), loss_mask=mask[rows],
+        row_index=torch.tensor(rows), advantages=fields["advantages"][rows], is_cross=fields["is_cross"][rows],
+        omega=fields["omega"][rows], behaviour_mean_logprob=fields["behaviour"][rows],
+        old_token_logprobs=fields["old"][rows], ref_token_logprobs=fields["ref"][rows])
+
+
+@pytest.mark.parametrize("algo", [
+    AlgoConfig(name="hacpo", kl_coef=0.0, updates_per_step=1),
+    AlgoConfig(name="hacpo", kl_coef=0.05, updates_per_step=1),
+    AlgoConfig(name="grpo", kl_coef=0.05, grpo_loss_agg="token-mean"),
+    AlgoConfig(name="grpo", kl_coef=0.0, grpo_loss_agg="seq-mean-token-sum"),
+], ids=["hacpo", "hacpo_kl", "grpo_token_mean_kl", "grpo_seq_sum"])
+def test_shares_of_any_split_sum_to_the_whole_minibatch(algo: AlgoConfig) -> None:
+    token_logprobs, mask, fields = _random_case(num_rows=7, seq_len=6, seed=3)
+    normaliser = policy_normaliser(algo, 7, int(mask.sum()))
+
+    def loss_and_grad(splits):
+        leaf = token_logprobs.clone().requires_grad_(True)
+        total = 0.0
+        for rows in splits:
+            piece_logprobs, batch = _piece(leaf, mask, fields, rows)
+            loss, _ = micro_batch_loss(piece_logprobs, batch, algo, 1, normaliser=normaliser, num_sequences=7.0)
+            total = total + loss
+        total.backward()
+        return total.detach(), leaf.grad
+
+    whole_loss, whole_grad = loss_and_grad([list(range(7))])
+    split_loss, split_grad = loss_and_grad([[0, 1], [2, 3, 4], [5], [6]])
+    assert split_loss.item() == pytest.approx(whole_loss.item(), abs=1e-14)
+    torch.testing.assert_close(split_grad, whole_grad, rtol=0, atol=1e-14)
+    assert whole_grad.abs().sum() > 0
+
+
+def test_missing_inputs_are_errors() -> None:
+    token_logprobs = torch.zeros(1, 2)
+    batch = _batch([[1, 1]], [1.0], [False], [1.0], [0.0])
+    with pytest.raises(ValueError, match="old token log-probs"):
+        micro_batch_loss(token_logprobs, batch, AlgoConfig(name="grpo", kl_coef=0.0), 0, normaliser=1.0,
+                         num_sequences=1.0)
+    with pytest.raises(ValueError, match="reference model"):
+        micro_batch_loss(token_logprobs, batch, AlgoConfig(kl_coef=0.1), 0, normaliser=1.0, num_sequences=1.0)
