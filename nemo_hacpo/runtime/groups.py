@@ -30,9 +30,12 @@ def start_ray(cfg: HacpoConfig) -> None:
     if ray.is_initialized():
         return
     cluster = cfg.runtime.cluster
-    env = {"env_vars": {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                        "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore",
-                        "RAY_DEDUP_LOGS": "1"}}
+    env_vars = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore"}
+    if cluster.device == "cpu":
+        # one intra-op thread per rank: oversubscribed OpenMP pools make a TP=2 CPU step ~10x slower
+        env_vars["OMP_NUM_THREADS"] = "1"
+    env = {"env_vars": env_vars}
     if cluster.ray_address:
         ray.init(address=cluster.ray_address, runtime_env=env, logging_level="WARNING")
         return
