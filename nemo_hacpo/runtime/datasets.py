@@ -14,7 +14,7 @@ def load_split(ds: DatasetConfig, split: str) -> list[MathProblem]:
         problems = generate_problems("train" if split == "train" else "eval", ds.size, seed=ds.seed, levels=ds.levels)
     elif ds.source in ("jsonl", "parquet"):
         problems = load_problems(ds.path, question_field=ds.question_field, answer_field=ds.answer_field,
-                                 file_format=ds.source)
+                                 file_format="json" if ds.source == "jsonl" else "parquet")
     elif ds.source == "gsm8k":
         problems = load_gsm8k_test()
     else:

@@ -26,10 +26,13 @@ MARKER = "nemo_hacpo_warmstart.json"
 
 
 def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
+    optimizer = dataclasses.asdict(agent.optimizer)
+    for unused in ("lr", "min_lr", "lr_warmup_steps", "lr_decay_style"):  # the warm start sets its own schedule
+        optimizer.pop(unused)
     shaping = {"model": dataclasses.asdict(agent.model), "tokenizer": dataclasses.asdict(agent.tokenizer),
-               "lengths": [agent.max_prompt_length, agent.max_response_length],
-               "optimizer": dataclasses.asdict(agent.optimizer), "warmstart": dataclasses.asdict(cfg.warmstart),
-               "system_prompt": cfg.data.system_prompt, "version": 1}
+               "lengths": [agent.max_prompt_length, agent.max_response_length], "optimizer": optimizer,
+               "warmstart": dataclasses.asdict(cfg.warmstart), "system_prompt": cfg.data.system_prompt,
+               "version": 1}
     shaping["warmstart"].pop("cache_dir")
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
 

@@ -100,7 +100,8 @@ def _rank_main(work_dir: Path) -> None:
     try:
         result = fn(*call["args"])
     finally:
-        torch.distributed.destroy_process_group()
+        if torch.distributed.is_initialized():  # `fn` may have torn it down itself (e.g. to join another world)
+            torch.distributed.destroy_process_group()
     torch.save(result, work_dir / f"result{os.environ['RANK']}.pt")
 
 

@@ -1,0 +1,73 @@
+"""Refit from the Megatron trainer into vLLM: after a real HACPO update, vLLM scores fixed sequences exactly as
+the trainer does (both pair_tiny architectures), and the update moved them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.distributed import free_port, run_distributed
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _response_logprobs(token_lp, prompt_lengths, lengths):
+    """Trainer token log-probs (shifted layout: column t scores token t + 1) → per-row response lists."""
+    return [token_lp[i, p - 1:n - 1].tolist() for i, (p, n) in enumerate(zip(prompt_lengths, lengths, strict=True))]
+
+
+def _mean_abs(a, b):
+    flat = [abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+    return sum(flat) / len(flat)
+
+
+def check_refit(agent_index: int, run_dir: str, port: int) -> dict:
+    import dataclasses
+
+    import torch
+    import torch.distributed as dist
+
+    from nemo_hacpo.config import load_config
+    from nemo_hacpo.runtime.worker import AgentRank
+    from nemo_hacpo.training import TrainingRows
+
+    dist.destroy_process_group()  # the rank joins its agent's own world in setup()
+    cfg = load_config("pair_tiny", ["warmstart.enabled=false", f"agents.{agent_index}.max_response_length=24",
+                                    f"agents.{agent_index}.optimizer.lr=3e-3"])
+    agent = cfg.agents[agent_index]
+    rank = AgentRank(agent, cfg.algo, 0, seed=3, run_dir=run_dir, total_updates=10)
+    rank.setup("127.0.0.1", port)
+    prompts = [[{"role": "user", "content": "Ann has 3 pens and buys 4 more. How many pens does she have?"}],
+               [{"role": "user", "content": "Bob has 12 cups and gives away 5. How many are left?"}]]
+    generated = rank.generate(prompts, 2)
+    token_ids, masks, prompt_lengths = [], [], []
+    for ids, group in zip(generated["prompt_token_ids"], generated["responses"], strict=True):
+        for response in group:
+            token_ids.append(ids + response["token_ids"])
+            masks.append([0] * len(ids) + [1] * len(response["token_ids"]))
+            prompt_lengths.append(len(ids))
+    lengths = [len(t) for t in token_ids]
+
+    def both():
+        trainer = _response_logprobs(rank.mean_logprobs(token_ids, masks, per_token=True), prompt_lengths, lengths)
+        return trainer, rank.engine.score(token_ids, prompt_lengths)
+
+    trainer_before, vllm_before = both()
+    m_old = rank.mean_logprobs(token_ids, masks)
+    n = len(token_ids)
+    rows = TrainingRows(token_ids=token_ids, response_mask=masks, advantages=torch.tensor([1.0, -1.0] * (n // 2)),
+                        is_cross=torch.zeros(n, dtype=torch.bool), omega=torch.ones(n), behaviour_mean_logprob=m_old)
+    algo = dataclasses.replace(cfg.algo, updates_per_step=1, kl_coef=0.0)
+    rank.train(rows, algo, 1)
+    refit = rank.refit()
+    trainer_after, vllm_after = both()
+    rank.shutdown()
+    return {"before": _mean_abs(trainer_before, vllm_before), "after": _mean_abs(trainer_after, vllm_after),
+            "moved": _mean_abs(vllm_before, vllm_after), "refit": refit}
+
+
+@pytest.mark.parametrize("agent_index", [0, 1], ids=["llama_tiny", "gpt_tiny"])
+def test_vllm_matches_trainer_after_update_and_refit(tmp_path, agent_index):
+    (result,) = run_distributed(check_refit, 1, agent_index, str(tmp_path), free_port(), timeout_s=600)
+    assert result["before"] < 1e-3, result
+    assert result["after"] < 1e-3, result  # mean |trainer − vLLM| log-prob over response tokens, fp32
+    assert result["moved"] > 1e-3, result  # the update changed what vLLM computes

@@ -1,0 +1,73 @@
+"""Pure parts of the runtime: own-rollout assembly (log-prob alignment, mismatch), checkpoint discovery,
+warm-start cache keys, dataset sections."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from nemo_hacpo.config import load_config
+from nemo_hacpo.data import MathProblem
+from nemo_hacpo.runtime.checkpoint import DRIVER_FILE, checkpoints, latest_checkpoint
+from nemo_hacpo.runtime.datasets import load_split
+from nemo_hacpo.runtime.loop import own_rollouts
+from nemo_hacpo.runtime.warmstart import warm_start_key
+
+
+def test_own_rollouts_align_trainer_logprobs_with_response_tokens():
+    problems = [MathProblem(id="p0", question="q", answer="7", level=1, solution="", source="t", expression=None)]
+    messages = [[{"role": "user", "content": "q"}]]
+    # prompt of 3 tokens, two responses of 2 and 3 tokens
+    generated = {"prompt_token_ids": [[10, 11, 12]],
+                 "responses": [[{"token_ids": [5, 2], "text": "7", "finish_reason": "stop", "logprobs": [-1.0, -0.5]},
+                                {"token_ids": [6, 7, 8], "text": "x", "finish_reason": "length",
+                                 "logprobs": [-2.0, -2.0, -2.0]}]]}
+    # shifted layout: column t scores token t + 1 → response tokens of a 3-token prompt sit in columns 2, 3, (4)
+    token_lp = torch.tensor([[0.0, 0.0, -1.1, -0.5, 0.0], [0.0, 0.0, -2.0, -2.0, -2.3]])
+    rollouts, metrics = own_rollouts("a", problems, messages, generated, [1.0, 0.0], token_lp, step=3)
+    assert [r.trajectory.source_mean_logprob for r in rollouts] == pytest.approx([-0.8, -6.3 / 3])
+    assert rollouts[0].token_ids == [10, 11, 12, 5, 2] and rollouts[0].response_mask == [0, 0, 0, 1, 1]
+    assert rollouts[1].trajectory.finish_reason == "length" and rollouts[1].trajectory.source_num_tokens == 3
+    # |Δ| over the 5 response tokens: 0.1, 0, 0, 0, 0.3 → mean 0.08 → exp(0.08)
+    assert metrics["mismatch_token_mult_prob_error"] == pytest.approx(math.exp(0.08), rel=1e-6)
+    assert metrics["reward_mean"] == 0.5 and metrics["truncation_rate"] == 0.5
+    assert metrics["response_length_mean"] == 2.5 and metrics["response_length_max"] == 3.0
+
+
+def test_checkpoint_discovery_ignores_partial_saves(tmp_path):
+    root = tmp_path / "checkpoints"
+    for name, complete in (("step_000005", True), ("step_000010", True), ("step_000015.tmp", True),
+                           ("step_000020", False)):
+        (root / name).mkdir(parents=True)
+        if complete:
+            (root / name / DRIVER_FILE).write_text(json.dumps({"step": int(name[5:11])}))
+    assert [c.step for c in checkpoints(tmp_path)] == [5, 10]  # .tmp and driver-less dirs are not checkpoints
+    latest = latest_checkpoint(tmp_path)
+    assert latest.step == 10 and latest.load_driver_state() == {"step": 10}
+    assert latest.agent_dir("a") == root / "step_000010" / "agents" / "a"
+    assert latest_checkpoint(tmp_path / "nothing") is None
+
+
+def test_warm_start_key_tracks_what_shapes_the_checkpoint():
+    base = load_config()
+    key = warm_start_key(base.agents[0], base)
+    assert key == warm_start_key(load_config("pair_tiny", ["agents.0.optimizer.lr=0.5"]).agents[0], base)  # RL lr
+    assert key == warm_start_key(base.agents[0], load_config("pair_tiny", ["warmstart.cache_dir=/elsewhere"]))
+    assert key != warm_start_key(load_config("pair_tiny", ["agents.0.model.tiny.num_layers=2"]).agents[0], base)
+    assert key != warm_start_key(base.agents[0], load_config("pair_tiny", ["warmstart.steps=10"]))
+    assert key != warm_start_key(base.agents[1], base)
+
+
+def test_dataset_sections(tmp_path):
+    cfg = load_config("pair_tiny", ["data.train.size=30", "data.eval.size=10", "data.eval.limit=4"])
+    train, held_out = load_split(cfg.data.train, "train"), load_split(cfg.data.eval, "eval")
+    assert len(train) == 30 and len(held_out) == 4
+    assert not {p.question for p in train} & {p.question for p in held_out}
+    path = tmp_path / "math.jsonl"
+    path.write_text("\n".join(json.dumps({"problem": f"{i} + 1?", "solution_answer": str(i + 1)}) for i in range(3)))
+    cfg = load_config("pair_tiny", ["data.train.source=jsonl", f"data.train.path={path}",
+                                    "data.train.question_field=problem", "data.train.answer_field=solution_answer"])
+    assert [p.answer for p in load_split(cfg.data.train, "train")] == ["1", "2", "3"]
