@@ -4,7 +4,7 @@ vLLM mixes this class into its worker (`worker_extension_cls`), so `self` is the
 `self.vllm_config`, `self.model_config`. A refit is three RPCs, the same lifecycle vLLM's own weight-transfer
 engines (NCCL, CUDA IPC) use:
 
-    nemo_hacpo_begin_refit()           initialize_layerwise_reload(model)
+    nemo_hacpo_begin_refit()           note tied parameters; initialize_layerwise_reload(model)
     nemo_hacpo_load_chunk(payload) ×k  model.load_weights(HF-layout pairs)   (TP shards are cut by the loaders)
     nemo_hacpo_finish_refit()          finalize_layerwise_reload(model, model_config); check nothing was missed
 
@@ -13,13 +13,40 @@ kernels (oneDNN / packed layouts) and leaves an empty `weight`, so a plain `para
 the forward pass reads. The reload restores each layer's checkpoint layout, loads into it, reprocesses it
 and copies the result back into the original storage. Method names carry a `nemo_hacpo_` prefix because vLLM
 refuses an extension attribute that collides with one of the worker's.
+
+Tied parameters (a tied `lm_head.weight` is the input embedding's `nn.Parameter`): the reload restores every
+layer on its own, so during a refit the output head is a separate layer that is reprocessed (on CPU: its
+packed GEMM copy of the weight rebuilt) only if it receives a weight itself. An HF export of a tied model has
+no `lm_head.weight` (the HF convention), so the tensor that loads the canonical parameter is loaded under each
+alias name as well; without it vLLM only logs "ParallelLMHead: Failed to load weights" and keeps sampling
+from the old output matrix. The final check counts every alias as a parameter of its own, so an alias that
+received nothing is an error, not a silently stale layer.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from nemo_hacpo.rollout.weight_wire import decode_chunk
+
+
+def tied_parameter_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """alias name → canonical name of parameters registered under several names (tied embeddings).
+
+    The canonical name is the first one `model.named_parameters()` reaches (the one it keeps); every later
+    name of the same `nn.Parameter` object is an alias. E.g. GPT-2 with tied embeddings:
+    `{"lm_head.weight": "transformer.wte.weight"}`. Call it while the ties are intact (before
+    `initialize_layerwise_reload`, which gives each layer its own placeholder tensors).
+    """
+    canonical_of: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        canonical = canonical_of.setdefault(id(param), name)
+        if canonical != name:
+            aliases[name] = canonical
+    return aliases
 
 
 class RefitWorkerExtension:
@@ -38,25 +65,45 @@ class RefitWorkerExtension:
 
         if getattr(self, "_nemo_hacpo_loaded", None) is not None:
             raise RuntimeError("a refit is already in progress on this worker; finish it first")
+        model = self._nemo_hacpo_model()
+        self._nemo_hacpo_aliases = tied_parameter_aliases(model)  # before the reload unties the layers
         with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(self._nemo_hacpo_model())
+            initialize_layerwise_reload(model)
         self._nemo_hacpo_loaded: set[str] | None = set()
 
     def nemo_hacpo_load_chunk(self, payload: bytes) -> int:
-        """Load one chunk; returns the number of tensors it held."""
+        """Load one chunk; returns the number of tensors it held.
+
+        Models with tied parameters load tensor by tensor, so that the tensor which fed a canonical parameter
+        is known and can be loaded under the parameter's aliases too (unless an alias already got a weight).
+        """
         from vllm.config import set_current_vllm_config
 
-        if getattr(self, "_nemo_hacpo_loaded", None) is None:
+        loaded_so_far = getattr(self, "_nemo_hacpo_loaded", None)
+        if loaded_so_far is None:
             raise RuntimeError("nemo_hacpo_load_chunk before nemo_hacpo_begin_refit")
         weights = decode_chunk(payload)
+        model = self._nemo_hacpo_model()
+        aliases: dict[str, str] = getattr(self, "_nemo_hacpo_aliases", {})
         with set_current_vllm_config(self.vllm_config):
-            loaded = self._nemo_hacpo_model().load_weights(iter(weights))
-        if loaded is not None:
-            self._nemo_hacpo_loaded.update(loaded)
+            if not aliases:
+                loaded_so_far.update(model.load_weights(iter(weights)) or ())
+                return len(weights)
+            for name, tensor in weights:
+                loaded = set(model.load_weights(iter([(name, tensor)])) or ())
+                loaded_so_far.update(loaded)
+                for alias, canonical in aliases.items():
+                    if canonical in loaded and alias not in loaded_so_far:
+                        alias_loaded = set(model.load_weights(iter([(alias, tensor)])) or ())
+                        if alias not in alias_loaded:
+                            raise RuntimeError(f"{alias!r} is tied to {canonical!r}, but loading {name!r} under "
+                                               f"the name {alias!r} loaded {sorted(alias_loaded)} instead")
+                        loaded_so_far.update(alias_loaded)
         return len(weights)
 
     def nemo_hacpo_finish_refit(self) -> dict[str, Any]:
-        """Finish the reload; raise if a model parameter received no weight (it would silently stay stale)."""
+        """Finish the reload; raise if a model parameter (tied aliases included) received no weight: it, or
+        the layer that reads it, would silently stay stale."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
@@ -67,7 +114,7 @@ class RefitWorkerExtension:
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(model, self.model_config)
         self._nemo_hacpo_loaded = None
-        expected = {name for name, _ in model.named_parameters()}
+        expected = {name for name, _ in model.named_parameters(remove_duplicate=False)}
         missing = sorted(expected - loaded)
         if missing:
             raise RuntimeError(f"refit left {len(missing)} parameter(s) without new weights (names not in the "

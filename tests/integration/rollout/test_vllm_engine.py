@@ -155,6 +155,31 @@ def test_refit_in_small_chunks_gives_the_same_weights(bundle):
     assert stats["tensors"] == len(bundle.model.state_dict())
 
 
+def test_refit_without_an_lm_head_tensor_updates_a_tied_head_and_rejects_an_untied_one(bundle):
+    """An HF checkpoint of a tied model (and the Megatron trainer's `export_hf_weights`) has no
+    `lm_head.weight`. vLLM reloads layer by layer, so the tied output head is a layer of its own during a
+    refit: it must still be refreshed (on CPU its packed GEMM copy of the embedding; a stale one measured
+    0.41 mean |Δ log-prob| here). An untied model refitted without `lm_head.weight` must fail loudly."""
+    engine, tokenizer, model = bundle.engine, bundle.tokenizer, bundle.model
+    sequence = engine.render(bundle.prompts[1]) + tokenizer("7", add_special_tokens=False)["input_ids"]
+    before = engine.score([sequence])
+    torch.manual_seed(11)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.02 * torch.randn_like(parameter))
+    without_head = [(name, tensor) for name, tensor in tiny.hf_weights(model) if name != "lm_head.weight"]
+    if not model.config.tie_word_embeddings:
+        with pytest.raises(Exception, match="lm_head.weight"):  # vLLM re-raises worker errors as Exception
+            engine.refit(without_head)
+        engine.refit(tiny.hf_weights(model))  # the engine stays usable: a full refit follows the trainer again
+    else:
+        stats = engine.refit(without_head)
+        assert stats["tensors"] == len(model.state_dict()) - 1
+    after = engine.score([sequence])
+    assert (_flat(after) - _flat(tiny.hf_logprobs(model, [sequence]))).abs().mean() < MATCH_TOLERANCE
+    assert (_flat(after) - _flat(before)).abs().mean() > MATCH_TOLERANCE
+
+
 def test_refit_resets_the_prefix_cache(bundle):
     """A prompt longer than one KV block is cached by the first generate; after a refit the engine must not
     reuse those (old-weight) blocks: the new sampler log-probs follow the updated trainer."""
