@@ -48,7 +48,8 @@ class AgentGroup:
     """The Ray actors of one agent, rank r in `actors[r]`."""
 
     def __init__(self, agent: AgentConfig, algo: AlgoConfig, *, seed: int, run_dir: str, total_updates: int,
-                 device: str, init_weights: str | None = None, start_engine: bool = True):
+                 device: str, init_weights: str | None = None, start_engine: bool = True,
+                 resume_from: str | None = None):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -68,7 +69,8 @@ class AgentGroup:
             for rank in range(world)
         ]
         master_addr, master_port = self.get([self.actors[0].address.remote()], "address")[0]
-        self._setup = [a.setup.remote(master_addr, master_port, init_weights, start_engine) for a in self.actors]
+        self._setup = [a.setup.remote(master_addr, master_port, init_weights, start_engine, resume_from)
+                       for a in self.actors]
         self.info: list[dict[str, Any]] = []
 
     def wait_ready(self) -> list[dict[str, Any]]:

@@ -88,22 +88,24 @@ class HacpoRun:
         cfg = self.cfg
         start_ray(cfg)
         resume = latest_checkpoint(self.out_dir) if cfg.runtime.resume else None
-        init = {a.name: None for a in cfg.agents}
+        init: dict[str, str | None] = {a.name: None for a in cfg.agents}
+        if cfg.warmstart.enabled:  # also on resume: the reference model is the warm-started policy
+            init.update(ensure_warm_start(cfg))
+        resume_from: dict[str, str | None] = {a: None for a in self.agents}
         if resume is not None:
             state = resume.load_driver_state()
             self.step = state["step"]
             self.tracker.load_state_dict(state["tracker"])
             self.train_set.load_state_dict(state["data"])
             self.totals, self.eval_history = state["totals"], state["eval_history"]
-            init = {a: str(resume.agent_dir(a)) for a in self.agents}
+            resume_from = {a: str(resume.agent_dir(a)) for a in self.agents}
             logger.info("resuming from %s (step %d)", resume.path, self.step)
-        elif cfg.warmstart.enabled:
-            init.update(ensure_warm_start(cfg))
         total_updates = cfg.runtime.steps * cfg.algo.updates_per_step
         for i, agent in enumerate(cfg.agents):
             self.groups[agent.name] = AgentGroup(
                 agent, cfg.algo, seed=cfg.runtime.seed + 1000 * i, run_dir=str(self.out_dir),
-                total_updates=total_updates, device=cfg.runtime.cluster.device, init_weights=init[agent.name])
+                total_updates=total_updates, device=cfg.runtime.cluster.device, init_weights=init[agent.name],
+                resume_from=resume_from[agent.name])
         for group in self.groups.values():
             info = group.wait_ready()
             logger.info("agent %s ready: %s", group.agent.name, info[0])

@@ -48,11 +48,13 @@ class AgentRank:
         return socket.gethostbyname(socket.gethostname()), free_port()
 
     def setup(self, master_addr: str, master_port: int, init_weights: str | None = None,
-              start_engine: bool = True) -> dict[str, Any]:
+              start_engine: bool = True, resume_from: str | None = None) -> dict[str, Any]:
         """Join the agent's world, build the trainer, load initial weights, start the engine (rank 0).
 
-        `init_weights`: an HF checkpoint directory or a trainer checkpoint (`trainer_meta.json` inside) to start
-        from; None = the agent's own source (its HF path, or a seeded random init for tiny models).
+        `init_weights`: an HF checkpoint directory or a trainer checkpoint to start from; None = the agent's own
+        source (its HF path, or a seeded random init for tiny models). The reference model (β > 0) is a copy of
+        these initial weights. `resume_from`: a trainer checkpoint loaded afterwards (model, optimizer,
+        scheduler, RNG), so a resumed run keeps the original reference.
         """
         from nemo_hacpo.models.spec import model_arch
         from nemo_hacpo.models.tokenizers import load_tokenizer
@@ -71,6 +73,8 @@ class AgentRank:
             self.load_weights(start)
         if self.trainer.reference is not None:
             self.trainer.sync_reference()
+        if resume_from is not None:
+            self.trainer.load_checkpoint(resume_from)
         info = {"agent": self.agent.name, "rank": self.rank, "parameters": sum(
             p.numel() for p in self.trainer.model.parameters()), "family": self.arch.family}
         if start_engine:
