@@ -62,15 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.plan:
         return print_plan(cfg)
 
-    try:
-        from nemo_hacpo.runtime import train  # the Ray step loop (issue: "The main job")
-    except ImportError:
-        names = ", ".join(f"{a.name} ({a.model.source}, tp={a.parallel.tp} pp={a.parallel.pp} dp={a.parallel.dp})"
-                          for a in cfg.agents)
-        print(f"config {args.config_name!r} is valid: algo={cfg.algo.name}, agents: {names}.\n"
-              "Not built yet: the Ray runtime and step loop (nemo_hacpo.runtime), the Megatron trainer, the vLLM "
-              "rollout engine and the broker. Training cannot start until they land.", file=sys.stderr)
-        return 3
+    from nemo_hacpo.runtime import train  # imports Ray, Megatron and vLLM lazily
+
     return train(cfg)
 
 

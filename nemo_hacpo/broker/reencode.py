@@ -72,10 +72,6 @@ def _expected_text(text: str, tokenizer: Any) -> str:
     return normalizer.normalize_str(text) if normalizer is not None else text
 
 
-def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
-    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
-
 def _special_strings(tokenizer: Any) -> tuple[str, ...]:
     specials = set(getattr(tokenizer, "all_special_tokens", ()))
     added = getattr(tokenizer, "get_added_vocab", None)

@@ -10,7 +10,6 @@ rank of the agent with the same arguments; generation runs on rank 0, which owns
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 from pathlib import Path
@@ -20,8 +19,6 @@ from typing import Any
 import torch
 
 from nemo_hacpo.config import AgentConfig, AlgoConfig
-
-logger = logging.getLogger(__name__)
 
 
 def free_port() -> int:
