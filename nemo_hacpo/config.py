@@ -343,6 +343,8 @@ class WarmStartConfig:
     """Problem generation and sampling seed."""
     cache_dir: str = "~/.cache/nemo_hacpo/warmstart"
     """Where warm-started HF checkpoints are kept, keyed by a hash of everything that shapes them."""
+    progress_interval: int = 25
+    """Print a progress line (NLL, rate, ETA) every this many steps."""
 
 
 # -------------------------------------------------------------------------------------------- runtime
@@ -380,10 +382,25 @@ class RuntimeConfig:
     """Continue from the newest checkpoint in output_dir when there is one."""
     eval_interval: int = 0
     """Evaluate on data.eval every this many steps (0 = only at start and end)."""
-    logging: tuple[Literal["console", "jsonl", "tensorboard"], ...] = ("console", "jsonl")
-    """Metric sinks."""
+    eval_samples: int = 0
+    """Also sample this many responses per eval problem (at the rollout temperature) for avg@k and pass@k
+    (0 = greedy avg@1 only)."""
+    logging: tuple[Literal["console", "jsonl", "tensorboard", "wandb"], ...] = ("console", "jsonl")
+    """Metric sinks (`wandb` needs the `wandb` package and `wandb_project`)."""
+    wandb_project: str | None = None
+    """Weights & Biases project (with `wandb` in `logging`)."""
+    wandb_run_name: str | None = None
+    """Weights & Biases run name (default: the output directory's name)."""
     save_rollouts: bool = True
     """Write every step's trajectories as JSONL."""
+    save_hf: bool = True
+    """At the end, export every agent as an HF checkpoint to `<output_dir>/hf/<agent>` (for vLLM,
+    `recipes/evaluate.py`, transformers)."""
+    collective_timeout_s: float = 1800.0
+    """torch.distributed timeout inside an agent's world: a hung rank fails its collectives after this."""
+    call_timeout_s: float = 3600.0
+    """Longest the driver waits for one worker call (generate, train, save, ...) before stopping the job
+    with the agent and rank named."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """Resources."""
 
@@ -573,6 +590,53 @@ def _check_resources(cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
                                "add nodes or shrink tp/pp/dp (or colocate the rollout engines)"))
 
 
+def _check_runtime(rt: RuntimeConfig, out: list[ConfigIssue]) -> None:
+    if rt.steps < 1:
+        out.append(ConfigIssue("runtime.steps", "must be ≥ 1", "use a positive step count"))
+    if rt.eval_samples < 0:
+        out.append(ConfigIssue("runtime.eval_samples", "must be ≥ 0", "0 = greedy only, or e.g. 8"))
+    for key in ("collective_timeout_s", "call_timeout_s"):
+        if getattr(rt, key) <= 0:
+            out.append(ConfigIssue(f"runtime.{key}", "must be > 0 seconds", "use e.g. 1800"))
+    if "wandb" in rt.logging:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            out.append(ConfigIssue("runtime.logging", "'wandb' is listed but the wandb package is not installed",
+                                   "pip install wandb, or drop wandb from runtime.logging"))
+        if not rt.wandb_project:
+            out.append(ConfigIssue("runtime.wandb_project", "must be set when runtime.logging has wandb",
+                                   "pass runtime.wandb_project=<project>"))
+
+
+def dump_config(cfg: HacpoConfig) -> str:
+    """The resolved config as YAML; `validate(yaml.safe_load(text))` gives `cfg` back."""
+    import dataclasses
+
+    import yaml
+
+    def plain(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: plain(v) for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return [plain(v) for v in node]
+        return node
+
+    return yaml.safe_dump(plain(dataclasses.asdict(cfg)), sort_keys=False, allow_unicode=True)
+
+
+def load_run_config(path: str | Path) -> HacpoConfig:
+    """The config a run saved (`<output_dir>/config.yaml`), validated again."""
+    import yaml
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.yaml"
+    if not path.is_file():
+        raise FileNotFoundError(f"no run config at {path.resolve()} (a training run writes <output_dir>/config.yaml)")
+    return validate(yaml.safe_load(path.read_text()))
+
+
 def validate(raw: Any) -> HacpoConfig:
     """Turn a composed config (DictConfig or plain dict) into a `HacpoConfig`, or raise `ConfigError`."""
     try:
@@ -599,8 +663,7 @@ def validate(raw: Any) -> HacpoConfig:
     for i, agent in enumerate(cfg.agents):
         _check_agent(i, agent, cfg, issues)
     _check_resources(cfg, issues)
-    if cfg.runtime.steps < 1:
-        issues.append(ConfigIssue("runtime.steps", "must be ≥ 1", "use a positive step count"))
+    _check_runtime(cfg.runtime, issues)
     if cfg.warmstart.enabled and (cfg.warmstart.steps < 1 or cfg.warmstart.batch_size < 1 or cfg.warmstart.lr <= 0):
         issues.append(ConfigIssue("warmstart", "steps and batch_size must be ≥ 1 and lr > 0", "fix the warm start"))
     if cfg.reward.timeout_s <= 0:

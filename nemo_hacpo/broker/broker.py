@@ -118,7 +118,29 @@ class BrokerStep:
             for source, value in self.omega[learner].items():
                 if source != learner:
                     out[f"{learner}/omega/{source}"] = value
+            out.update({f"{learner}/{k}": v for k, v in advantage_stats(view).items()})
         return out
+
+
+def advantage_stats(view: LearnerView) -> dict[str, float]:
+    """Mean / std / min / max of the advantages of the view's own and cross rows (`adv/self_mean`, ...), the
+    fraction of rows with A = 0 (groups with equal rewards carry no signal) and the mean ω of cross rows."""
+    out: dict[str, float] = {}
+    if len(view) == 0:
+        return out
+    adv = view.advantages.double()
+    out["adv/zero_frac"] = float((adv == 0).double().mean())
+    for kind, rows in (("self", ~view.is_cross), ("cross", view.is_cross)):
+        values = adv[rows]
+        if values.numel() == 0:
+            continue
+        out[f"adv/{kind}_mean"] = float(values.mean())
+        out[f"adv/{kind}_std"] = float(values.std(unbiased=False))
+        out[f"adv/{kind}_min"] = float(values.min())
+        out[f"adv/{kind}_max"] = float(values.max())
+    if bool(view.is_cross.any()):
+        out["omega/cross_mean"] = float(view.omega[view.is_cross].double().mean())
+    return out
 
 
 def _group(rollouts: Mapping[str, Sequence[AgentRollout]], agents: Sequence[str]):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,12 +50,14 @@ class AgentGroup:
 
     def __init__(self, agent: AgentConfig, algo: AlgoConfig, *, seed: int, run_dir: str, total_updates: int,
                  device: str, init_weights: str | None = None, start_engine: bool = True,
-                 resume_from: str | None = None):
+                 resume_from: str | None = None, call_timeout_s: float = 3600.0, collective_timeout_s: float = 1800.0):
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.agent = agent
+        self.seed = seed
+        self.call_timeout_s = call_timeout_s
         world = agent.parallel.world_size
         on_gpu = device == "cuda"
         bundles = [{"CPU": 1, "GPU": 1} if on_gpu else {"CPU": 1} for _ in range(world)]
@@ -65,7 +68,8 @@ class AgentGroup:
             actor_cls.options(
                 num_cpus=1, num_gpus=1 if on_gpu else 0, name=f"hacpo-{agent.name}-rank{rank}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
-            ).remote(agent, algo, rank, seed=seed, run_dir=run_dir, total_updates=total_updates)
+            ).remote(agent, algo, rank, seed=seed, run_dir=run_dir, total_updates=total_updates,
+                     collective_timeout_s=collective_timeout_s)
             for rank in range(world)
         ]
         master_addr, master_port = self.get([self.actors[0].address.remote()], "address")[0]
@@ -80,15 +84,24 @@ class AgentGroup:
         return self.info
 
     # ---------------------------------------------------------------------------------------------- calls
-    def get(self, futures: Sequence[Any], what: str, ranks: Sequence[int] | None = None) -> list[Any]:
-        """`ray.get` that names the agent and rank of a failure."""
+    def get(self, futures: Sequence[Any], what: str, ranks: Sequence[int] | None = None,
+            timeout_s: float | None = None) -> list[Any]:
+        """`ray.get` that names the agent and rank of a failure, and gives up on a hung rank.
+
+        All futures share one deadline (`timeout_s`, default `runtime.call_timeout_s`): a rank that has not
+        answered by then is reported as hung. A dead actor (killed process, lost node) is reported at once.
+        """
         import ray
 
         ranks = list(range(len(futures))) if ranks is None else list(ranks)
+        deadline = time.monotonic() + (self.call_timeout_s if timeout_s is None else timeout_s)
         results = []
         for rank, future in zip(ranks, futures, strict=True):
             try:
-                results.append(ray.get(future))
+                results.append(ray.get(future, timeout=max(deadline - time.monotonic(), 0.0)))
+            except ray.exceptions.GetTimeoutError as err:
+                raise WorkerFailure(f"agent {self.agent.name!r} rank {rank} did not finish {what} within "
+                                    f"{timeout_s or self.call_timeout_s:.0f} s (hung; see runtime.call_timeout_s)") from err
             except Exception as err:  # RayTaskError / RayActorError wrap the worker's exception
                 raise WorkerFailure(f"agent {self.agent.name!r} rank {rank} failed in {what}: "
                                     f"{type(err).__name__}: {err}") from err
@@ -102,12 +115,13 @@ class AgentGroup:
         """Collective call, waited for; returns rank 0's result."""
         return self.get(self.call_all(method, *args), method)[0]
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 120.0) -> None:
+        """Stop the engines and process groups cleanly (up to `timeout_s`), then kill the actors."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
         try:
-            ray.get([actor.shutdown.remote() for actor in self.actors], timeout=120)
+            ray.get([actor.shutdown.remote() for actor in self.actors], timeout=timeout_s)
         except Exception as err:  # noqa: BLE001 - shutting down after a failure must not hide it
             logger.warning("agent %s: clean shutdown failed (%s)", self.agent.name, err)
         for actor in self.actors:

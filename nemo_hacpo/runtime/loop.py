@@ -9,8 +9,10 @@ broker's mode (shared / naive / isolated), the samples per prompt (2G for gspo_x
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,12 +21,13 @@ import torch
 
 from nemo_hacpo.algo import CapabilityTracker
 from nemo_hacpo.broker import AgentRollout, Broker, LearnerTokenizer, Trajectory, broker_mode, write_jsonl
-from nemo_hacpo.config import HacpoConfig
+from nemo_hacpo.config import HacpoConfig, dump_config
 from nemo_hacpo.data import MathProblem, PromptDataset, problem_to_messages
+from nemo_hacpo.rollout.sampling import call_base_seed
 from nemo_hacpo.runtime.checkpoint import latest_checkpoint, save_run_checkpoint
 from nemo_hacpo.runtime.datasets import load_split
 from nemo_hacpo.runtime.evaluation import evaluate_agents
-from nemo_hacpo.runtime.groups import AgentGroup, start_ray
+from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray
 from nemo_hacpo.runtime.metrics import MetricsLogger, markdown_table, write_curves
 from nemo_hacpo.runtime.warmstart import ensure_warm_start
 
@@ -86,6 +89,7 @@ class HacpoRun:
     # ------------------------------------------------------------------------------------------ start-up
     def start(self) -> None:
         cfg = self.cfg
+        (self.out_dir / "config.yaml").write_text(dump_config(cfg))
         start_ray(cfg)
         resume = latest_checkpoint(self.out_dir) if cfg.runtime.resume else None
         init: dict[str, str | None] = {a.name: None for a in cfg.agents}
@@ -105,7 +109,8 @@ class HacpoRun:
             self.groups[agent.name] = AgentGroup(
                 agent, cfg.algo, seed=cfg.runtime.seed + 1000 * i, run_dir=str(self.out_dir),
                 total_updates=total_updates, device=cfg.runtime.cluster.device, init_weights=init[agent.name],
-                resume_from=resume_from[agent.name])
+                resume_from=resume_from[agent.name], call_timeout_s=cfg.runtime.call_timeout_s,
+                collective_timeout_s=cfg.runtime.collective_timeout_s)
         for group in self.groups.values():
             info = group.wait_ready()
             logger.info("agent %s ready: %s", group.agent.name, info[0])
@@ -126,7 +131,9 @@ class HacpoRun:
         problems = self.train_set.next_batch(cfg.algo.batch_size)
         messages = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
 
-        futures = {a: g.actors[0].generate.remote(messages, self.samples_per_prompt) for a, g in self.groups.items()}
+        # the step fixes the sampling seeds: a resumed run draws exactly what an uninterrupted one would
+        futures = {a: g.actors[0].generate.remote(messages, self.samples_per_prompt, False, call_base_seed(g.seed, step))
+                   for a, g in self.groups.items()}
         generated = {a: self.groups[a].get([f], "generate")[0] for a, f in futures.items()}
         timings["generate_s"] = time.perf_counter() - tick
 
@@ -199,7 +206,9 @@ class HacpoRun:
         reward = cfg.reward
         with MathRewardScorer(num_workers=reward.num_workers, timeout_s=reward.timeout_s, strict=reward.strict) as scorer, \
                 MetricsLogger(self.out_dir, sinks, total_steps=cfg.runtime.steps, start_step=self.step,
-                              console_keys=("*/reward_mean", "*/eval_accuracy", "*/omega/*")) as log:
+                              console_keys=("*/reward_mean", "*/eval_accuracy", "*/omega/*"),
+                              wandb_project=cfg.runtime.wandb_project, wandb_run_name=cfg.runtime.wandb_run_name,
+                              run_config=dataclasses.asdict(cfg) if "wandb" in sinks else None) as log:
             if not self.eval_history:
                 log.log(self.step, self.evaluate())
             while self.step < cfg.runtime.steps:
@@ -213,8 +222,17 @@ class HacpoRun:
                 every = cfg.runtime.checkpoint_interval
                 if (every and self.step % every == 0) or self.step == cfg.runtime.steps:
                     self.checkpoint()
+        if cfg.runtime.save_hf:
+            self.export_hf()
         self.report()
         return 0
+
+    def export_hf(self) -> dict[str, Path]:
+        """Every agent's current weights (+ tokenizer) as an HF checkpoint under `<output_dir>/hf/<agent>`."""
+        futures = {a: g.call_all("save_hf", str(self.out_dir / "hf" / a)) for a, g in self.groups.items()}
+        for a, futs in futures.items():
+            self.groups[a].get(futs, "save_hf")
+        return {a: self.out_dir / "hf" / a for a in self.agents}
 
     def checkpoint(self) -> Path:
         state = {"step": self.step, "tracker": self.tracker.state_dict(), "data": self.train_set.state_dict(),
@@ -236,18 +254,27 @@ class HacpoRun:
             write_curves(metrics_file, self.out_dir / "eval_accuracy.png", ["*/eval_accuracy"],
                          title=f"{self.cfg.algo.name}: held-out accuracy (greedy)", ylabel="accuracy")
         print(table)
-        print(f"outputs: {self.out_dir} (summary.md, metrics.jsonl, reward_curve.png, eval_accuracy.png)")
+        print(f"outputs: {self.out_dir} (summary.md, metrics.jsonl, reward_curve.png, eval_accuracy.png"
+              + (", hf/<agent>)" if self.cfg.runtime.save_hf else ")"))
         return table
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 120.0) -> None:
         for group in self.groups.values():
-            group.shutdown()
+            group.shutdown(timeout_s)
 
 
 def train(cfg: HacpoConfig) -> int:
     """Entry point of `recipes/train.py`: run the configured training to the end; the exit status."""
     run = HacpoRun(cfg)
+    failed = False
     try:
         return run.fit()
+    except WorkerFailure as failure:
+        failed = True
+        last = latest_checkpoint(run.out_dir)
+        logger.error("job stopped: %s", failure)
+        print(f"job stopped: {failure}\nlast complete checkpoint: "
+              f"{last.path if last else 'none'} (a rerun with the same output_dir resumes from it)", file=sys.stderr)
+        return 1
     finally:
-        run.close()
+        run.close(timeout_s=30.0 if failed else 120.0)

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-SINKS = ("console", "jsonl", "tensorboard")
+SINKS = ("console", "jsonl", "tensorboard", "wandb")
 
 
 def to_float(value: Any) -> float:
@@ -43,7 +43,10 @@ class MetricsLogger:
 
     def __init__(self, out_dir: str | Path, sinks: Sequence[str] = ("console", "jsonl"), total_steps: int | None = None,
                  console_keys: Sequence[str] = ("*/reward_mean", "*/accuracy"), stream: TextIO | None = None,
-                 start_step: int = 0):
+                 start_step: int = 0, progress_bar: bool | None = None, wandb_project: str | None = None,
+                 wandb_run_name: str | None = None, run_config: Mapping[str, Any] | None = None):
+        """`progress_bar`: a live rich progress bar (step, rate, ETA) under the step lines; None = when the
+        stream is a terminal. `wandb_*`, `run_config`: for the `wandb` sink (imported only then)."""
         unknown = [s for s in sinks if s not in SINKS]
         if unknown:
             raise ValueError(f"unknown metric sinks {unknown}; choose from {SINKS}")
@@ -59,9 +62,35 @@ class MetricsLogger:
             from torch.utils.tensorboard import SummaryWriter  # lazy: pulls in tensorboard
 
             self._tb = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+        self._wandb = None
+        if "wandb" in sinks:
+            import wandb  # lazy: optional dependency, checked by config validation
+
+            self._wandb = wandb.init(project=wandb_project, name=wandb_run_name or self.out_dir.name,
+                                     dir=str(self.out_dir), config=dict(run_config or {}), resume="allow")
         self._start = time.monotonic()
         self._start_step = start_step
         self._last_step = start_step
+        self._progress = self._task = None
+        if "console" in self.sinks and (self.stream.isatty() if progress_bar is None else progress_bar):
+            self._start_progress()
+
+    def _start_progress(self) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._progress = Progress(TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"),
+                                  TimeRemainingColumn(), console=Console(file=self.stream), transient=False)
+        self._task = self._progress.add_task("train", total=self.total_steps, completed=self._start_step, rate="")
+        self._progress.start()
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
         values = {key: to_float(value) for key, value in metrics.items()}
@@ -72,9 +101,19 @@ class MetricsLogger:
             for key, value in values.items():
                 if math.isfinite(value):
                     self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in values.items() if math.isfinite(v)}, step=step)
         self._last_step = step
         if "console" in self.sinks:
-            print(self.step_line(step, values), file=self.stream, flush=True)
+            line = self.step_line(step, values)
+            if self._progress is not None:
+                done = step - self._start_step
+                rate = (time.monotonic() - self._start) / done if done > 0 else float("nan")
+                self._progress.console.print(line, markup=False, highlight=False)
+                self._progress.update(self._task, completed=step,
+                                      rate=f"{rate:.1f} s/step" if math.isfinite(rate) else "")
+            else:
+                print(line, file=self.stream, flush=True)
         return values
 
     def step_line(self, step: int, values: Mapping[str, float]) -> str:
@@ -92,6 +131,12 @@ class MetricsLogger:
         return " | ".join(parts)
 
     def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None

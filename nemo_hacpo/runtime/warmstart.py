@@ -20,6 +20,7 @@ from pathlib import Path
 from nemo_hacpo.config import AgentConfig, HacpoConfig
 from nemo_hacpo.data import problem_to_messages
 from nemo_hacpo.data.arithmetic import generate_problems
+from nemo_hacpo.runtime.metrics import format_duration
 
 logger = logging.getLogger(__name__)
 MARKER = "nemo_hacpo_warmstart.json"
@@ -33,7 +34,8 @@ def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
                "lengths": [agent.max_prompt_length, agent.max_response_length], "optimizer": optimizer,
                "warmstart": dataclasses.asdict(cfg.warmstart), "system_prompt": cfg.data.system_prompt,
                "version": 1}
-    shaping["warmstart"].pop("cache_dir")
+    for unused in ("cache_dir", "progress_interval"):  # where it is kept and how it reports do not shape it
+        shaping["warmstart"].pop(unused)
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -74,9 +76,22 @@ def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
         start = time.perf_counter()
         print(f"[warmstart] {len(groups)} agent(s), {ws.steps} steps × {ws.batch_size} worked solutions each",
               flush=True)
-        futures = [group.call_all("sft", prompts, solutions, ws.steps, ws.batch_size, ws.seed) for group in groups]
-        for group, futs, (agent, target) in zip(groups, futures, todo, strict=True):
-            losses = group.get(futs, "sft")[0]
+        all_losses: list[list[float]] = [[] for _ in groups]
+        chunk = max(1, min(ws.progress_interval, ws.steps))
+        for first in range(0, ws.steps, chunk):
+            n = min(chunk, ws.steps - first)
+            data = (prompts, solutions) if first == 0 else (None, None)
+            futures = [group.call_all("sft", *data, n, ws.batch_size, ws.seed, first) for group in groups]
+            for group, futs, losses in zip(groups, futures, all_losses, strict=True):
+                losses.extend(group.get(futs, "sft")[0])
+            done_steps = first + n
+            elapsed = time.perf_counter() - start
+            rate = elapsed / done_steps
+            nll = " | ".join(f"{agent.name} nll {_tail_mean(losses):.3f}"
+                             for (agent, _), losses in zip(todo, all_losses, strict=True))
+            print(f"[warmstart] step {done_steps}/{ws.steps} | {nll} | {rate:.2f} s/step | "
+                  f"ETA {format_duration(rate * (ws.steps - done_steps))}", flush=True)
+        for group, losses, (agent, target) in zip(groups, all_losses, todo, strict=True):
             tmp = target.with_name(target.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             group.run("save_hf", str(tmp))

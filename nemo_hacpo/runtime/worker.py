@@ -31,8 +31,9 @@ class AgentRank:
     """Rank `rank` of agent `agent.name`. Call `setup` (collective) before anything else."""
 
     def __init__(self, agent: AgentConfig, algo: AlgoConfig, rank: int, *, seed: int,
-                 run_dir: str, total_updates: int):
+                 run_dir: str, total_updates: int, collective_timeout_s: float = 1800.0):
         self.agent, self.algo, self.rank = agent, algo, rank
+        self.collective_timeout_s = collective_timeout_s
         self.seed, self.run_dir, self.total_updates = seed, Path(run_dir), total_updates
         self.trainer: Any = None
         self.engine: Any = None
@@ -59,7 +60,7 @@ class AgentRank:
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         world = self.agent.parallel.world_size
-        init_distributed(self.rank, world, master_addr, master_port)
+        init_distributed(self.rank, world, master_addr, master_port, timeout_s=self.collective_timeout_s)
         source = self.agent.tokenizer.source
         self.tokenizer = load_tokenizer(self.agent.model.path if source == "model" else source)
         self.arch = model_arch(self.agent, len(self.tokenizer))
@@ -104,14 +105,19 @@ class AgentRank:
         return self.engine.stats
 
     # --------------------------------------------------------------------------------------- generation
-    def generate(self, prompts: list[list[dict]], n: int, greedy: bool = False) -> dict[str, Any]:
-        """Rank 0: G = n responses per prompt. Returns plain data (Ray ships it to the driver)."""
+    def generate(self, prompts: list[list[dict]], n: int, greedy: bool = False,
+                 seed: int | None = None) -> dict[str, Any]:
+        """Rank 0: G = n responses per prompt. Returns plain data (Ray ships it to the driver).
+
+        `seed`: the call's base seed (the loop derives it from the agent's seed and the step, so a resumed run
+        samples exactly what an uninterrupted one does); None = the engine's own call counter.
+        """
         from nemo_hacpo.rollout.sampling import SamplingSettings
 
         if self.engine is None:
             raise RuntimeError(f"agent {self.agent.name!r} rank {self.rank} owns no rollout engine")
         sampling = SamplingSettings(temperature=0.0) if greedy else None
-        result = self.engine.generate(prompts, n, sampling=sampling)
+        result = self.engine.generate(prompts, n, sampling=sampling, seed=seed)
         return {
             "prompt_token_ids": [list(ids) for ids in result.prompt_token_ids],
             "responses": [[{"token_ids": list(r.token_ids), "text": r.text, "finish_reason": r.finish_reason,
@@ -144,13 +150,18 @@ class AgentRank:
         self.engine.refit(weights)
         return {key: float(value) for key, value in self.engine.stats.items() if key.startswith("last_refit")}
 
-    def sft(self, prompts: list[list[dict]], solutions: list[str], steps: int, batch_size: int,
-            seed: int) -> list[float]:
+    def sft(self, prompts: list[list[dict]] | None, solutions: list[str] | None, steps: int, batch_size: int,
+            seed: int, first_step: int = 0) -> list[float]:
         """Collective: supervised warm start on worked solutions, through the same loss and optimizer path.
 
         SFT is the policy loss at the sampling weights with A = 1 and no clip: m_old is recomputed just before
         each single-update step, so s = exp(m − m_old) = 1 and ∇(−s·A) = −∇m, the gradient of the
-        sequence-mean token NLL of the solution (EOS included). Returns the NLL per step (sequence-mean of the token-mean NLL, before the step's update).
+        sequence-mean token NLL of the solution (EOS included). Returns the NLL per step (sequence-mean of the
+        token-mean NLL, before the step's update).
+
+        Steps `first_step .. first_step + steps − 1` of the seeded schedule run, so the driver can call it in
+        chunks (and show progress) and get exactly the batches of one long call; `prompts`/`solutions` may be
+        None after the first chunk (the encoded set is kept).
         """
         import dataclasses
         import random
@@ -158,20 +169,27 @@ class AgentRank:
         from nemo_hacpo.broker.reencode import render_prompt_ids
         from nemo_hacpo.training.batching import TrainingRows
 
-        template = self.agent.tokenizer.chat_template
-        eos = self.tokenizer.eos_token_id
-        encoded = []
-        for messages, solution in zip(prompts, solutions, strict=True):
-            prompt = render_prompt_ids(messages, self.tokenizer, template)
-            response = self.tokenizer(solution, add_special_tokens=False)["input_ids"] + [eos]
-            response = response[: self.agent.max_response_length]
-            encoded.append((prompt + response, [0] * len(prompt) + [1] * len(response)))
+        if prompts is not None:
+            template = self.agent.tokenizer.chat_template
+            eos = self.tokenizer.eos_token_id
+            self._sft_encoded = []
+            for messages, solution in zip(prompts, solutions or [], strict=True):
+                prompt = render_prompt_ids(messages, self.tokenizer, template)
+                response = self.tokenizer(solution, add_special_tokens=False)["input_ids"] + [eos]
+                response = response[: self.agent.max_response_length]
+                self._sft_encoded.append((prompt + response, [0] * len(prompt) + [1] * len(response)))
+        encoded = getattr(self, "_sft_encoded", None)
+        if not encoded:
+            raise ValueError(f"agent {self.agent.name!r}: sft needs prompts and solutions on its first call")
         sft_algo = dataclasses.replace(self.algo, name="gspo", updates_per_step=1, eps_low=1.0, eps_high=1e9,
                                        kl_coef=0.0)
         rng = random.Random(seed)
+        size = min(batch_size, len(encoded))
+        for _ in range(first_step):  # replay the schedule up to this chunk (cheap: index draws only)
+            rng.sample(range(len(encoded)), size)
         losses = []
-        for step in range(steps):
-            batch = rng.sample(encoded, min(batch_size, len(encoded)))
+        for step in range(first_step, first_step + steps):
+            batch = [encoded[i] for i in rng.sample(range(len(encoded)), size)]
             token_ids, masks = [b[0] for b in batch], [b[1] for b in batch]
             m_old = self.mean_logprobs(token_ids, masks)
             n = len(batch)

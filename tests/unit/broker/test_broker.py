@@ -219,3 +219,26 @@ def test_trajectory_rejects_bad_values():
         Trajectory(**{**base, "finish_reason": "eos"})
     with pytest.raises(ValueError, match="non-finite"):
         Trajectory(**{**base, "source_mean_logprob": float("nan")})
+
+
+def test_advantage_stats_hand_computed():
+    import torch
+
+    from nemo_hacpo.broker.broker import LearnerView, advantage_stats
+
+    n = 5
+    view = LearnerView(
+        learner="a", token_ids=[[1, 2]] * n, response_mask=[[0, 1]] * n,
+        advantages=torch.tensor([1.0, -1.0, 0.0, 2.0, 0.0]),
+        is_cross=torch.tensor([False, False, False, True, True]),
+        omega=torch.tensor([1.0, 1.0, 1.0, 0.5, 0.25]),
+        behaviour_mean_logprob=torch.zeros(n), source=torch.tensor([0, 0, 0, 1, 1]),
+        prompt_index=torch.zeros(n, dtype=torch.long), rewards=torch.zeros(n), truncated=torch.zeros(n, dtype=torch.bool))
+    stats = advantage_stats(view)
+    # self rows: [1, -1, 0] -> mean 0, population std sqrt(2/3); cross rows: [2, 0] -> mean 1, std 1
+    assert stats["adv/self_mean"] == 0.0 and abs(stats["adv/self_std"] - (2 / 3) ** 0.5) < 1e-12
+    assert (stats["adv/self_min"], stats["adv/self_max"]) == (-1.0, 1.0)
+    assert stats["adv/cross_mean"] == 1.0 and stats["adv/cross_std"] == 1.0
+    assert stats["adv/zero_frac"] == 2 / 5 and stats["omega/cross_mean"] == 0.375
+    own_only = LearnerView(**{**view.__dict__, "is_cross": torch.zeros(n, dtype=torch.bool)})
+    assert "adv/cross_mean" not in advantage_stats(own_only) and "omega/cross_mean" not in advantage_stats(own_only)

@@ -300,3 +300,29 @@ def test_trio_tiny_has_three_heterogeneous_agents():
     assert [a.name for a in cfg.agents] == ["llama_tiny", "gpt_tiny", "qwen_tiny"]
     assert cfg.agents[2].model.tiny.qk_layernorm and cfg.agents[2].tokenizer.chat_template.startswith("{% for m")
     assert cfg.algo.sequences_per_learner(3) == 96  # n·B·G = 3·8·4
+
+
+def test_wandb_sink_needs_package_and_project():
+    import importlib.util
+
+    with pytest.raises(ConfigError) as err:
+        load_config("pair_tiny", ["runtime.logging=[console,wandb]"])
+    assert "runtime.wandb_project" in str(err.value)
+    if importlib.util.find_spec("wandb") is None:
+        assert "wandb package is not installed" in str(err.value)
+
+
+def test_runtime_timeouts_and_eval_samples_are_checked():
+    with pytest.raises(ConfigError) as err:
+        load_config("pair_tiny", ["runtime.call_timeout_s=0", "runtime.eval_samples=-1"])
+    assert "runtime.call_timeout_s" in str(err.value) and "runtime.eval_samples" in str(err.value)
+
+
+def test_dump_config_round_trips(tmp_path):
+    from nemo_hacpo.config import dump_config, load_run_config
+
+    cfg = load_config("trio_tiny", ["runtime.steps=3", "agents.1.optimizer.lr=3e-5"])
+    (tmp_path / "config.yaml").write_text(dump_config(cfg))
+    assert load_run_config(tmp_path) == cfg
+    with pytest.raises(FileNotFoundError, match="no run config at"):
+        load_run_config(tmp_path / "missing")

@@ -41,8 +41,8 @@ def test_appends_across_restarts(tmp_path):
 
 
 def test_unknown_sink_and_missing_file(tmp_path):
-    with pytest.raises(ValueError, match="unknown metric sinks \\['wandb'\\]"):
-        MetricsLogger(tmp_path, ("wandb",))
+    with pytest.raises(ValueError, match="unknown metric sinks \\['mlflow'\\]"):
+        MetricsLogger(tmp_path, ("mlflow",))
     with pytest.raises(FileNotFoundError, match="no metrics file at"):
         read_metrics(tmp_path / "nope.jsonl")
 
@@ -63,3 +63,24 @@ def test_curves_table_and_series(tmp_path):
 
 def test_format_duration():
     assert format_duration(59.6) == "1:00" and format_duration(3725) == "1:02:05" and format_duration(float("nan")) == "?"
+
+
+def test_rich_progress_bar_shows_steps_and_eta(tmp_path):
+    import io
+
+    stream = io.StringIO()
+    with MetricsLogger(tmp_path, sinks=("console",), total_steps=4, stream=stream, progress_bar=True) as log:
+        log.log(1, {"a/reward_mean": 0.25})
+        log.log(2, {"a/reward_mean": 0.5})
+    text = stream.getvalue()
+    assert "step 2/4" in text and "a/reward_mean=0.500" in text  # the step lines, printed above the bar
+    assert "2/4" in text and "ETA" in text  # the bar's final render: completed/total and the ETA column
+
+
+def test_no_progress_bar_when_not_a_terminal(tmp_path):
+    import io
+
+    stream = io.StringIO()
+    with MetricsLogger(tmp_path, sinks=("console",), total_steps=4, stream=stream) as log:
+        log.log(1, {"a/reward_mean": 0.25})
+    assert log._progress is None and stream.getvalue().startswith("step 1/4")
