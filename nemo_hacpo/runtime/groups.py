@@ -72,10 +72,14 @@ class AgentGroup:
                      collective_timeout_s=collective_timeout_s)
             for rank in range(world)
         ]
-        master_addr, master_port = self.get([self.actors[0].address.remote()], "address")[0]
+        self.info: list[dict[str, Any]] = []
+        try:
+            master_addr, master_port = self.get([self.actors[0].address.remote()], "address")[0]
+        except WorkerFailure:
+            self.shutdown(timeout_s=5.0)  # release the actors and the placement group before reporting
+            raise
         self._setup = [a.setup.remote(master_addr, master_port, init_weights, start_engine, resume_from)
                        for a in self.actors]
-        self.info: list[dict[str, Any]] = []
 
     def wait_ready(self) -> list[dict[str, Any]]:
         """Wait for `setup` (started by the constructor, so several agents start their engines at once)."""

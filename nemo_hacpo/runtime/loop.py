@@ -175,6 +175,8 @@ class HacpoRun:
         train_futures = {a: g.call_all("train", brokered.views[a], cfg.algo, step) for a, g in self.groups.items()}
         for a, futs in train_futures.items():
             result = self.groups[a].get(futs, "train")[0]
+            if not result.get("num_cross"):  # isolated modes: cross statistics over no rows are undefined
+                result = {k: v for k, v in result.items() if not k.startswith("cross_")}
             metrics.update({f"{a}/train/{k}": v for k, v in result.items()})
             self.totals[a]["rollouts_generated"] += brokered.generated[a]
             self.totals[a]["sequences_trained"] += len(brokered.views[a])

@@ -1,0 +1,123 @@
+"""Point 6 and 7 of the main-job issue, for real:
+
+* a run killed with SIGKILL in the middle of a step (driver, Ray and every worker at once) resumes from its
+  last checkpoint, and its next step's metrics equal those of a run that was never interrupted;
+* a worker process that dies stops the job with the agent and the rank named; a hung call is given up after
+  `runtime.call_timeout_s`, the job exits 1, and the last checkpoint stays loadable (a rerun resumes from it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nemo_hacpo.config import load_config
+from nemo_hacpo.runtime.checkpoint import latest_checkpoint
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _overrides(out: Path, steps: int) -> list[str]:
+    return [f"runtime.output_dir={out}", f"runtime.steps={steps}", "runtime.checkpoint_interval=1",
+            "runtime.eval_interval=0", "runtime.logging=[jsonl]", "runtime.save_hf=false", "warmstart.enabled=false",
+            "algo.batch_size=2", "algo.group_size=2", "algo.updates_per_step=2", "data.eval.size=2",
+            "agents.0.max_response_length=16", "agents.1.max_response_length=16",
+            "agents.0.parallel.micro_batch_size=2", "agents.1.parallel.micro_batch_size=2", "reward.num_workers=0"]
+
+
+def _records(out: Path) -> dict[int, dict]:
+    """The last record of each step (a step re-run after a crash overrides the crashed attempt)."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines)}
+
+
+COMPARED = ("reward_mean", "response_length_mean", "train/loss", "train/policy_loss", "train/grad_norm",
+            "train/self_ratio_mean", "capability", "eval_accuracy")
+
+
+def test_sigkill_mid_step_then_resume_equals_uninterrupted(tmp_path):
+    import ray
+
+    from nemo_hacpo.runtime.loop import train
+
+    killed = tmp_path / "killed"
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen([sys.executable, str(REPO / "recipes" / "train.py"), *_overrides(killed, 3)], cwd=REPO,
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while latest_checkpoint(killed) is None or latest_checkpoint(killed).step < 2:
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the run did not reach its step-2 checkpoint in time"
+            time.sleep(0.2)
+        time.sleep(1.0)  # now inside step 3 (generation)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started, without warning
+        proc.wait()
+    assert 3 not in _records(killed)
+
+    reference = tmp_path / "uninterrupted"
+    try:
+        assert train(load_config("pair_tiny", _overrides(killed, 3))) == 0  # resumes from step 2
+        assert train(load_config("pair_tiny", _overrides(reference, 3))) == 0
+    finally:
+        ray.shutdown()
+    resumed, expected = _records(killed)[3], _records(reference)[3]
+    for agent in ("llama_tiny", "gpt_tiny"):
+        for key in COMPARED:
+            name = f"{agent}/{key}"
+            assert resumed[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
+        assert resumed[f"{agent}/rollouts_generated_total"] == expected[f"{agent}/rollouts_generated_total"] == 12
+    assert latest_checkpoint(killed).step == 3
+
+
+def test_dead_worker_and_hung_call_stop_the_job_naming_agent_and_rank(tmp_path):
+    import ray
+
+    from nemo_hacpo.rewards import MathRewardScorer
+    from nemo_hacpo.runtime.groups import WorkerFailure
+    from nemo_hacpo.runtime.loop import HacpoRun, train
+
+    out = tmp_path / "run"
+    run = HacpoRun(load_config("pair_tiny", _overrides(out, 3)))
+    try:
+        run.start()
+        with MathRewardScorer(num_workers=0) as scorer:
+            run.run_step(scorer)
+            run.checkpoint()
+            # a hung rank: the driver gives up after the deadline and names it
+            hang = run.groups["llama_tiny"].actors[0].__ray_call__.remote(lambda self: time.sleep(120))
+            start = time.monotonic()
+            with pytest.raises(WorkerFailure, match=r"agent 'llama_tiny' rank 0 did not finish train within 2 s"):
+                run.groups["llama_tiny"].get([hang], "train", timeout_s=2.0)
+            assert time.monotonic() - start < 10
+            # a rank whose process dies (killed by the OS, not by Ray)
+            victim = run.groups["gpt_tiny"].actors[0]
+            pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()))
+            os.kill(pid, signal.SIGKILL)
+            start = time.monotonic()
+            with pytest.raises(WorkerFailure, match=r"agent 'gpt_tiny' rank 0 failed in \w+"):
+                run.run_step(scorer)
+            assert time.monotonic() - start < 120
+    finally:
+        run.close(timeout_s=10)
+        ray.shutdown()
+    assert latest_checkpoint(out).step == 1
+
+    # the whole job: a call that cannot finish in time → exit status 1, the checkpoint untouched
+    hung = load_config("pair_tiny", [*_overrides(out, 3), "runtime.call_timeout_s=0.5"])
+    try:
+        assert train(hung) == 1
+        assert latest_checkpoint(out).step == 1
+        assert train(load_config("pair_tiny", _overrides(out, 2))) == 0  # and it resumes from there
+    finally:
+        ray.shutdown()
+    assert latest_checkpoint(out).step == 2 and sorted(_records(out)) == [0, 1, 2]
