@@ -97,6 +97,9 @@ class ParallelConfig:
     """Megatron sequence parallelism (needs tp > 1; GPU only)."""
     micro_batch_size: int = 1
     """Sequences per micro-batch in forward/backward."""
+    sequence_packing: bool = False
+    """Padding-free micro-batches: each micro-batch's rows run as one packed (THD) sequence with cu_seqlens
+    (Transformer Engine attention on GPU, a per-row local attention on CPU); a token budget counts real tokens."""
 
     @property
     def world_size(self) -> int:
@@ -193,6 +196,9 @@ class AgentConfig:
     """Optimizer and LR schedule."""
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     """Dtype and FP8."""
+    offload_reference: bool = False
+    """Keep the reference model (β > 0 only) in pinned host memory between its forwards; it is copied to the
+    device for each no-grad reference pass and released after. Saves one copy of the weights on the GPU."""
     max_prompt_length: int = 256
     """Prompt tokens (after the chat template); longer prompts are an error in the data."""
     max_response_length: int = 256
@@ -542,6 +548,12 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
                                    f"choose dp · micro_batch_size dividing {per_update}"))
 
 
+def _check_offload(i: int, agent: AgentConfig, out: list[ConfigIssue]) -> None:
+    if agent.offload_reference and agent.precision.fp8_param:
+        out.append(ConfigIssue(f"agents[{i}].offload_reference", "not supported with precision.fp8_param",
+                               "turn one of them off"))
+
+
 def _check_algo(cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
     algo, n = cfg.algo, len(cfg.agents)
     if algo.shares_rollouts and n < 2:
@@ -662,6 +674,7 @@ def validate(raw: Any) -> HacpoConfig:
     _check_algo(cfg, issues)
     for i, agent in enumerate(cfg.agents):
         _check_agent(i, agent, cfg, issues)
+        _check_offload(i, agent, issues)
     _check_resources(cfg, issues)
     _check_runtime(cfg.runtime, issues)
     if cfg.warmstart.enabled and (cfg.warmstart.steps < 1 or cfg.warmstart.batch_size < 1 or cfg.warmstart.lr <= 0):

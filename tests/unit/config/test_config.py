@@ -326,3 +326,12 @@ def test_dump_config_round_trips(tmp_path):
     assert load_run_config(tmp_path) == cfg
     with pytest.raises(FileNotFoundError, match="no run config at"):
         load_run_config(tmp_path / "missing")
+
+
+def test_reference_offload_rejects_fp8_params_and_packing_is_a_layout_switch():
+    with pytest.raises(ConfigError) as err:
+        load_config("pair_tiny", ["agents.0.offload_reference=true", "agents.0.precision.fp8=e4m3",
+                                  "agents.0.precision.fp8_param=true"])
+    assert "agents[0].offload_reference" in str(err.value)
+    cfg = load_config("pair_tiny", ["agents.1.parallel.sequence_packing=true", "agents.1.offload_reference=true"])
+    assert cfg.agents[1].parallel.sequence_packing and cfg.agents[1].offload_reference
