@@ -1,6 +1,7 @@
 """Agent model source → a normalised architecture → Megatron `TransformerConfig`, layer spec and `GPTModel`.
 
     arch   = model_arch(agent, tokenizer_vocab=len(tokenizer))   # tiny spec, local HF config.json or recipe
+    recipe = recipe_model("llama3_8b")                            # Megatron-Bridge: arch + default TP/PP/CP
     config = transformer_config(arch, agent.parallel, agent.precision, device="cpu")
     model  = build_gpt_model(arch, config, use_te=False, pre_process=..., post_process=...)
 
@@ -13,7 +14,11 @@ where FP8 is available. Transformer Engine and Megatron-Bridge are imported only
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib
 import json
+import pkgutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -136,14 +141,218 @@ def arch_from_hf(path: str | Path) -> ModelArch:
     return arch_from_hf_config(json.loads(config_path.read_text()))
 
 
-def arch_from_recipe(name: str) -> ModelArch:
-    """A NeMo-framework recipe's model provider, where Megatron-Bridge is installed (GPU containers)."""
+# ------------------------------------------------------------------------------- NeMo-framework recipes
+BRIDGE_MISSING = ("needs Megatron-Bridge (`pip install megatron-bridge`, or the NeMo Framework container), which "
+                  "is not installed here; use model.source: hf with a local checkpoint (model.path) instead")
+
+
+@dataclass(frozen=True)
+class RecipeLayout:
+    """A recipe's default model-parallel layout (its provider's TP / PP / CP fields)."""
+
+    tp: int
+    pp: int
+    cp: int
+    sequence_parallel: bool = False
+    virtual_pp: int | None = None
+
+
+@dataclass(frozen=True)
+class RecipeModel:
+    """What a Megatron-Bridge recipe fixes for this project: the architecture and the default layout."""
+
+    recipe: str  # the recipe function that was called (e.g. "llama3_8b_pretrain_config")
+    arch: ModelArch
+    layout: RecipeLayout
+    hf_model_id: str | None  # HF checkpoint the provider was converted from (AutoBridge), when recorded
+
+
+def _bridge_recipes(name: str) -> Any:
+    """`megatron.bridge.recipes`, imported lazily (GPU containers only); a clear ImportError elsewhere."""
     try:
-        from megatron.bridge import recipes  # noqa: F401  (lazy: not installable on the CPU machines)
+        from megatron.bridge import recipes
     except ImportError as err:
-        raise ImportError(f"model.source 'recipe' ({name!r}) needs Megatron-Bridge, which is not installed here; "
-                          "use source 'hf' with a local checkpoint or run in the NGC container") from err
-    raise NotImplementedError(f"recipe {name!r}: Megatron-Bridge recipes are not wired in yet; use source 'hf'")
+        raise ImportError(f"model.source 'recipe' ({name!r}) {BRIDGE_MISSING}") from err
+    return recipes
+
+
+def resolve_recipe(name: str, recipes: Any) -> tuple[str, Any]:
+    """`(function name, zero-argument callable)` of recipe `name` in the `megatron.bridge.recipes` namespace.
+
+    Looked up, in order: `name` itself (a full recipe function such as `llama3_8b_pretrain_config`),
+    `{name}_pretrain_config` (Megatron-Bridge ≥ 0.2: `llama3_8b` → `llama3_8b_pretrain_config`), and the
+    0.1-style module `recipes.<family>.<name>` with its `model_config()`. Raises ValueError with the closest
+    names otherwise.
+    """
+    for candidate in (name, f"{name}_pretrain_config"):
+        function = getattr(recipes, candidate, None)
+        if callable(function) and not isinstance(function, type):
+            return candidate, function
+    for family in _recipe_families(recipes):
+        try:
+            module = importlib.import_module(f"{recipes.__name__}.{family}.{name}")
+        except ImportError:
+            continue
+        if callable(getattr(module, "model_config", None)):
+            return f"{family}.{name}.model_config", module.model_config
+    known = sorted(n.removesuffix("_pretrain_config") for n in dir(recipes) if n.endswith("_pretrain_config"))
+    close = difflib.get_close_matches(name, known, n=5, cutoff=0.5)
+    hint = f"; closest: {close}" if close else (f"; known: {known[:20]}" if known else "")
+    raise ValueError(f"unknown Megatron-Bridge recipe {name!r}{hint}")
+
+
+def _recipe_families(recipes: Any) -> list[str]:
+    """Sub-packages of the recipes package (`llama`, `qwen`, …); none for a plain namespace."""
+    path = getattr(recipes, "__path__", None)
+    return [] if path is None else sorted(m.name for m in pkgutil.iter_modules(path) if m.ispkg)
+
+
+_ABSENT = object()
+
+
+def _provider_field(provider: Any, name: str, default: Any = _ABSENT) -> Any:
+    """A provider field: on the provider itself (GPTModelProvider, a TransformerConfig) or on its nested
+    `transformer` config (Megatron-Bridge's builder-backed `ModelConfig`)."""
+    for owner in (provider, getattr(provider, "transformer", None)):
+        if owner is not None and hasattr(owner, name):
+            return getattr(owner, name)
+    if default is _ABSENT:
+        raise ValueError(f"the recipe's model provider {type(provider).__name__} has no field {name!r}")
+    return default
+
+
+def _activation(provider: Any) -> Literal["swiglu", "gelu"]:
+    function = _provider_field(provider, "activation_func")
+    function_name = function if isinstance(function, str) else getattr(function, "__name__", repr(function))
+    gated = bool(_provider_field(provider, "gated_linear_unit", False))
+    if gated and function_name == "silu":
+        return "swiglu"
+    if not gated and function_name == "gelu":
+        return "gelu"
+    raise ValueError(f"activation {function_name!r} (gated_linear_unit={gated}) is not supported: "
+                     "SwiGLU (silu, gated) or exact GELU (gelu, not gated) only")
+
+
+def _rope_scaling_factor(provider: Any) -> float | None:
+    """Llama-3.1 RoPE scaling: `scale_factor` (Bridge 0.1 `Llama31ModelProvider`) or `rope_scaling` +
+    `rope_scaling_factor` (later providers); Megatron's fixed low/high factors 1/4 and 8192 only."""
+    if _provider_field(provider, "scale_factor", None) is not None:
+        fixed = tuple(_provider_field(provider, k, d) for k, d in
+                      (("low_freq_factor", 1.0), ("high_freq_factor", 4.0), ("old_context_len", 8192)))
+        if fixed != (1.0, 4.0, 8192):
+            raise ValueError(f"llama3 RoPE scaling with low/high factors and context {fixed} is not supported "
+                             "(Megatron's fixed values are 1, 4 and 8192)")
+        return float(_provider_field(provider, "scale_factor"))
+    if _provider_field(provider, "rope_scaling", False):
+        return float(_provider_field(provider, "rope_scaling_factor"))
+    return None
+
+
+def arch_from_provider(provider: Any, vocab_size: int | None = None) -> ModelArch:
+    """Map a Megatron-Bridge model provider (a `TransformerConfig` with GPT fields) onto `ModelArch`.
+
+    provider field → ModelArch: num_layers, hidden_size, num_attention_heads, num_query_groups (None → heads),
+    kv_channels → head_dim (None → hidden / heads), ffn_hidden_size (None → 4·hidden), vocab_size (None →
+    the `vocab_size` argument), normalization, layernorm_epsilon → norm_eps, activation_func +
+    gated_linear_unit → activation, position_embedding_type, rotary_base, Llama-3.1 RoPE scaling,
+    seq_length → max_position_embeddings, share_embeddings_and_output_weights → tie_embeddings,
+    qk_layernorm, add_bias_linear, add_qkv_bias, init_method_std → init_std. The HF family follows the
+    maths (QK-norm → qwen3, QKV bias → qwen2, else llama; LayerNorm + GELU + learned positions → gpt2).
+    MoE, MLA, sliding-window attention, partial / interpolated / YaRN RoPE are rejected (ValueError).
+    `seq_length` is Bridge's image of HF `max_position_embeddings`, but a recipe may lower it to its training
+    length (e.g. 8192 for Llama-3.1), which then bounds the exported config (and vLLM's max_model_len).
+    """
+    if _provider_field(provider, "num_moe_experts", None):
+        raise ValueError("mixture-of-experts recipes are not supported (dense decoders only)")
+    if _provider_field(provider, "multi_latent_attention", False):
+        raise ValueError("multi-latent-attention recipes are not supported")
+    if _provider_field(provider, "window_size", None) is not None:
+        raise ValueError("sliding-window attention is not supported")
+    if float(_provider_field(provider, "rotary_percent", 1.0)) != 1.0:
+        raise ValueError("partial rotary embeddings (rotary_percent < 1) are not supported")
+    if _provider_field(provider, "seq_len_interpolation_factor", None) is not None:
+        raise ValueError("linearly interpolated RoPE (seq_len_interpolation_factor) is not supported")
+    position = _provider_field(provider, "position_embedding_type", "rope")
+    if position not in ("rope", "learned_absolute"):
+        raise ValueError(f"position_embedding_type {position!r} is not supported (rope or learned_absolute)")
+    normalization = _provider_field(provider, "normalization")
+    if normalization not in ("RMSNorm", "LayerNorm"):
+        raise ValueError(f"normalization {normalization!r} is not supported (RMSNorm or LayerNorm)")
+    vocab = _provider_field(provider, "vocab_size", None) or vocab_size
+    if vocab is None:
+        raise ValueError("the recipe's provider sets no vocab_size; pass the tokenizer's vocabulary size")
+    hidden, heads = int(_provider_field(provider, "hidden_size")), int(_provider_field(provider, "num_attention_heads"))
+    groups = int(_provider_field(provider, "num_query_groups", None) or heads)
+    activation = _activation(provider)
+    qk_layernorm = bool(_provider_field(provider, "qk_layernorm", False))
+    add_bias_linear = bool(_provider_field(provider, "add_bias_linear", False))
+    add_qkv_bias = bool(_provider_field(provider, "add_qkv_bias", False))
+    family: Family | None = None
+    if (normalization, activation, position) == ("RMSNorm", "swiglu", "rope") and not add_bias_linear:
+        family = "qwen3" if qk_layernorm else "qwen2" if add_qkv_bias else "llama"
+    elif ((normalization, activation, position) == ("LayerNorm", "gelu", "learned_absolute") and add_bias_linear
+          and not qk_layernorm and groups == heads):
+        family = "gpt2"
+    return ModelArch(
+        family=family, num_layers=int(_provider_field(provider, "num_layers")), hidden_size=hidden,
+        num_attention_heads=heads, num_query_groups=groups,
+        head_dim=int(_provider_field(provider, "kv_channels", None) or hidden // heads),
+        ffn_hidden_size=int(_provider_field(provider, "ffn_hidden_size", None) or 4 * hidden), vocab_size=int(vocab),
+        normalization=normalization, norm_eps=float(_provider_field(provider, "layernorm_epsilon", 1e-5)),
+        activation=activation, position_embedding=position,
+        rotary_base=float(_provider_field(provider, "rotary_base", 10000)), rope_scaling_factor=_rope_scaling_factor(provider),
+        max_position_embeddings=int(_provider_field(provider, "seq_length")),
+        tie_embeddings=bool(_provider_field(provider, "share_embeddings_and_output_weights", False)),
+        qk_layernorm=qk_layernorm, add_bias_linear=add_bias_linear, add_qkv_bias=add_qkv_bias and not add_bias_linear,
+        init_std=float(_provider_field(provider, "init_method_std", 0.02)),
+    )
+
+
+def layout_from_provider(provider: Any) -> RecipeLayout:
+    """The recipe's default TP / PP / CP (+ sequence parallel, virtual pipeline) from its provider."""
+    return RecipeLayout(
+        tp=int(_provider_field(provider, "tensor_model_parallel_size", 1)),
+        pp=int(_provider_field(provider, "pipeline_model_parallel_size", 1)),
+        cp=int(_provider_field(provider, "context_parallel_size", 1)),
+        sequence_parallel=bool(_provider_field(provider, "sequence_parallel", False)),
+        virtual_pp=_provider_field(provider, "virtual_pipeline_model_parallel_size", None))
+
+
+def _hf_model_id(provider: Any) -> str | None:
+    """The HF id the provider was built from: `hf_model_id` (GPTModelProvider) or the builder-backed
+    config's `extra_checkpoint_metadata["hf_model_id"]`."""
+    direct = _provider_field(provider, "hf_model_id", None)
+    if direct:
+        return str(direct)
+    metadata = _provider_field(provider, "extra_checkpoint_metadata", None) or {}
+    return str(metadata["hf_model_id"]) if metadata.get("hf_model_id") else None
+
+
+def recipe_model(name: str, vocab_size: int | None = None, *, recipes: Any = None) -> RecipeModel:
+    """Resolve and build the Megatron-Bridge recipe `name`; map its model provider and default layout.
+
+    `recipes` defaults to `megatron.bridge.recipes` (ImportError naming the package and the `hf` alternative
+    when Megatron-Bridge is missing). Recent recipes build their provider with
+    `AutoBridge.from_hf_pretrained(<hub id>)`, which needs that model's config.json in the local HF cache
+    on machines without hub access; a failure there is re-raised as a RuntimeError saying so.
+    """
+    recipes = _bridge_recipes(name) if recipes is None else recipes
+    resolved, function = resolve_recipe(name, recipes)
+    try:
+        built = function()
+    except Exception as err:  # the recipe's own failure (often: no HF config reachable)
+        raise RuntimeError(
+            f"Megatron-Bridge recipe {resolved!r} could not build its config ({type(err).__name__}: {err}). "
+            "Recent recipes read the model's HF config through AutoBridge.from_hf_pretrained(<hub id>): put it "
+            "in the local HF cache (HF_HUB_OFFLINE=1), or use model.source: hf with a local checkpoint") from err
+    provider = getattr(built, "model", built)  # a ConfigContainer's model provider, or a provider itself
+    return RecipeModel(recipe=resolved, arch=arch_from_provider(provider, vocab_size),
+                       layout=layout_from_provider(provider), hf_model_id=_hf_model_id(provider))
+
+
+def arch_from_recipe(name: str, vocab_size: int | None = None) -> ModelArch:
+    """A NeMo-framework (Megatron-Bridge) recipe's architecture; see `recipe_model`."""
+    return recipe_model(name, vocab_size).arch
 
 
 def model_arch(agent: AgentConfig, tokenizer_vocab: int | None = None) -> ModelArch:
@@ -155,7 +364,7 @@ def model_arch(agent: AgentConfig, tokenizer_vocab: int | None = None) -> ModelA
         return arch_from_tiny(source.tiny, tokenizer_vocab)
     if source.source == "hf":
         return arch_from_hf(source.path)
-    return arch_from_recipe(source.recipe)
+    return arch_from_recipe(source.recipe, tokenizer_vocab)
 
 
 def transformer_config(arch: ModelArch, parallel: ParallelConfig, precision: PrecisionConfig,
@@ -195,8 +404,12 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, precision: Pre
     return TransformerConfig(**(fields | overrides))
 
 
-def layer_spec(arch: ModelArch, use_te: bool):
-    """Megatron layer spec: Transformer Engine on GPU (needed for FP8), the local torch spec otherwise."""
+def layer_spec(arch: ModelArch, use_te: bool, core_attention: type | None = None):
+    """Megatron layer spec: Transformer Engine on GPU (needed for FP8), the local torch spec otherwise.
+
+    `core_attention` replaces the spec's attention kernel class (e.g. the trainer's packed-sequence
+    `PackedDotProductAttention` on the local spec); None keeps the spec's own.
+    """
     from megatron.core.models.gpt import gpt_layer_specs
 
     if use_te:
@@ -205,17 +418,25 @@ def layer_spec(arch: ModelArch, use_te: bool):
         except ImportError as err:
             raise ImportError("the Transformer Engine layer spec (GPU, FP8) needs transformer-engine; "
                               "install the `gpu` extra or use the NGC container") from err
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
-    return gpt_layer_specs.get_gpt_layer_local_spec(normalization=arch.normalization, qk_layernorm=arch.qk_layernorm)
+        spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=arch.qk_layernorm)
+    else:
+        spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=arch.normalization,
+                                                        qk_layernorm=arch.qk_layernorm)
+    if core_attention is None:
+        return spec
+    attention = spec.submodules.self_attention
+    attention = dataclasses.replace(attention, submodules=dataclasses.replace(attention.submodules,
+                                                                              core_attention=core_attention))
+    return dataclasses.replace(spec, submodules=dataclasses.replace(spec.submodules, self_attention=attention))
 
 
 def build_gpt_model(arch: ModelArch, config, *, use_te: bool = False, pre_process: bool = True,
-                    post_process: bool = True, vp_stage: int | None = None):
+                    post_process: bool = True, vp_stage: int | None = None, core_attention: type | None = None):
     """A Megatron `GPTModel` (this rank's pipeline stage) for `arch`; `config` from `transformer_config`."""
     from megatron.core.models.gpt import GPTModel
 
     return GPTModel(
-        config=config, transformer_layer_spec=layer_spec(arch, use_te),
+        config=config, transformer_layer_spec=layer_spec(arch, use_te, core_attention),
         vocab_size=arch.padded_vocab_size(config.tensor_model_parallel_size),
         max_sequence_length=arch.max_position_embeddings, pre_process=pre_process, post_process=post_process,
         share_embeddings_and_output_weights=arch.tie_embeddings, position_embedding_type=arch.position_embedding,

@@ -2,6 +2,9 @@
 
 - :mod:`~nemo_hacpo.training.distributed` — one agent's torch.distributed world (`init_distributed`).
 - :mod:`~nemo_hacpo.training.batching` — rows → mini-batches → DP shards → padded, shifted micro-batches.
+- :mod:`~nemo_hacpo.training.packing` — padding-free micro-batches: rows packed into one THD sequence and back.
+- :mod:`~nemo_hacpo.training.packed_attention` — THD input for Megatron's local spec (CPU), imported lazily.
+- :mod:`~nemo_hacpo.training.offload` — the reference model's weights in host memory between its forwards.
 - :mod:`~nemo_hacpo.training.objective` — one micro-batch's loss from token log-probs (`nemo_hacpo.algo`).
 - :mod:`~nemo_hacpo.training.metrics` — combining loss metrics over micro-batches, replicas and updates.
 - :mod:`~nemo_hacpo.training.flops` — model FLOPs for TFLOP/s and MFU.

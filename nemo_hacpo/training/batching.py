@@ -5,7 +5,9 @@ one per optimizer update `u`. Each mini-batch is split into `dp` contiguous shar
 replica, and each shard into micro-batches: at most `micro_batch_size` rows, or — with a token budget —
 as many consecutive rows as fit in `max_tokens` padded tokens (a dynamic micro-batch size).
 
-Micro-batches are right-padded to their own longest row (no packing). The shift by one happens here:
+Micro-batches are right-padded to their own longest row; with sequence packing (`training.packing`) the
+model sees the rows concatenated instead, and the loss still reads this padded row layout. The shift by one
+happens here:
 
     input_ids[b, t] = token_ids[b][t]          labels[b, t] = token_ids[b][t + 1]
     loss_mask[b, t] = response_mask[b][t + 1]  (position t predicts token t + 1)       t < len_b − 1
@@ -19,9 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from nemo_hacpo.training.packing import PackedSequence
 
 PAD_ID = 0
 """Token id written into padding (any valid id works: padded positions are masked and causally invisible)."""
@@ -135,13 +140,17 @@ def minibatch_ranges(num_rows: int, num_updates: int, dp_size: int = 1) -> list[
 
 
 def micro_batches(rows: Sequence[int], lengths: Sequence[int], micro_batch_size: int,
-                  max_tokens: int | None = None) -> list[list[int]]:
+                  max_tokens: int | None = None, *, packed: bool = False) -> list[list[int]]:
     """Cut consecutive `rows` into micro-batches.
 
     Fixed size: chunks of `micro_batch_size` rows. With `max_tokens`: greedy, a row joins the current
-    micro-batch while `rows · (longest input length)` stays ≤ max_tokens and the count ≤ micro_batch_size;
-    a row longer than the budget gets a micro-batch of its own. `lengths[r]` is row r's input length
-    (tokens − 1, the shifted layout).
+    micro-batch while its cost stays ≤ max_tokens and the count ≤ micro_batch_size; a row longer than the
+    budget gets a micro-batch of its own. The cost is `rows · (longest input length)` (padded), or with
+    `packed` the sum of the input lengths (a packed micro-batch holds no padding between rows).
+    `lengths[r]` is row r's input length (tokens − 1, the shifted layout).
+
+    Example, lengths 3, 5, 2, 4 and max_tokens 10: padded → [0, 1], [2, 3] (rows 0–1 cost 2·5 = 10, adding
+    row 2 would cost 3·5 = 15); packed → [0, 1, 2], [3] (3 + 5 + 2 = 10, adding row 3 would cost 14).
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be ≥ 1, got {micro_batch_size}")
@@ -149,16 +158,16 @@ def micro_batches(rows: Sequence[int], lengths: Sequence[int], micro_batch_size:
         raise ValueError(f"max_tokens must be ≥ 1, got {max_tokens}")
     batches: list[list[int]] = []
     current: list[int] = []
-    longest = 0
+    longest = total = 0
     for row in rows:
-        grown_longest = max(longest, lengths[row])
-        fits = len(current) < micro_batch_size and (
-            max_tokens is None or (len(current) + 1) * grown_longest <= max_tokens)
+        grown_longest, grown_total = max(longest, lengths[row]), total + lengths[row]
+        cost = grown_total if packed else (len(current) + 1) * grown_longest
+        fits = len(current) < micro_batch_size and (max_tokens is None or cost <= max_tokens)
         if current and not fits:
             batches.append(current)
-            current, grown_longest = [], lengths[row]
+            current, grown_longest, grown_total = [], lengths[row], lengths[row]
         current.append(row)
-        longest = grown_longest
+        longest, total = grown_longest, grown_total
     if current:
         batches.append(current)
     return batches
@@ -169,7 +178,8 @@ class MicroBatch:
     """One padded micro-batch, `B` rows × `S` positions (the shifted layout of the module docstring).
 
     `row_index [B]` holds the rows' indices in `TrainingRows`; the per-row fields are sliced from it.
-    `old_token_logprobs`/`ref_token_logprobs` are `[B, S]` when present.
+    `old_token_logprobs`/`ref_token_logprobs` are `[B, S]` when present. `packed`, when set, holds the same
+    rows packed into one sequence (`training.packing`): the model runs on it, the loss on this layout.
     """
 
     input_ids: torch.Tensor  # [B, S] int64
@@ -183,13 +193,20 @@ class MicroBatch:
     behaviour_mean_logprob: torch.Tensor | None = None  # [B]
     old_token_logprobs: torch.Tensor | None = None  # [B, S]
     ref_token_logprobs: torch.Tensor | None = None  # [B, S]
+    packed: PackedSequence | None = None  # model inputs [1, T] when sequence packing is on
 
     @property
     def num_rows(self) -> int:
         return int(self.input_ids.shape[0])
 
+    @property
+    def model_input_shape(self) -> tuple[int, int]:
+        """Shape of what the model sees: `[B, S]` padded, or `[1, T]` packed."""
+        source = self.packed.input_ids if self.packed is not None else self.input_ids
+        return int(source.shape[0]), int(source.shape[1])
+
     def to(self, device: torch.device | str) -> MicroBatch:
-        moved = {name: (value.to(device) if isinstance(value, torch.Tensor) else value)
+        moved = {name: (value.to(device) if value is not None and hasattr(value, "to") else value)
                  for name, value in self.__dict__.items()}
         return MicroBatch(**moved)
 

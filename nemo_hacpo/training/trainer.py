@@ -25,9 +25,14 @@ masked out so the distribution is the HF/vLLM one. Results of no-grad passes are
 (disjoint rows) and broadcast from the last pipeline stage, so every rank returns them.
 
 Micro-batches are right-padded (to their own longest row, rounded up to `pad_to_multiple`), optionally
-sized by a padded-token budget. Not done yet: padding-free packing (`cu_seqlens` / THD with the TE
-spec), context parallelism (rejected at construction), offloading the reference model to CPU between
-its uses (it stays on the device, as one more copy of the weights, only when β > 0).
+sized by a padded-token budget — or, with sequence packing, padding-free: the rows of a micro-batch run
+as one THD sequence (`training.packing`: `PackedSeqParams` with `cu_seqlens`, positions restarting per
+row; Transformer Engine's attention on GPU, `packed_attention.PackedDotProductAttention` on the local
+spec) and the token budget counts real tokens; log-probs are unpacked to the row layout the loss reads.
+
+Reference model (β > 0 only): a frozen copy of the initial weights; with `offload_reference` its weights
+stay in (pinned) host memory and are copied to the device only for its no-grad forward (`offload`).
+Not supported: context parallelism (rejected at construction).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ import functools
 import math
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -58,6 +64,8 @@ from nemo_hacpo.training.batching import (
 from nemo_hacpo.training.flops import batch_flops
 from nemo_hacpo.training.metrics import REDUCTIONS, MetricAccumulator, reduce_metrics
 from nemo_hacpo.training.objective import micro_batch_loss, policy_normaliser
+from nemo_hacpo.training.offload import HostOffload
+from nemo_hacpo.training.packing import pack_rows, unpack_token_values
 
 if TYPE_CHECKING:
     from nemo_hacpo.config import AgentConfig, AlgoConfig
@@ -99,16 +107,22 @@ class MegatronTrainer:
         reference_model: keep a frozen copy of the initial weights for the KL term (needed iff β > 0).
         use_te: Transformer Engine layer spec (default: on CUDA when TE is importable).
         logit_temperature: divide logits by this before the softmax (the sampler's temperature).
-        max_tokens_per_micro_batch: dynamic micro-batches by padded-token budget (None: fixed size
-            `agent.parallel.micro_batch_size`, which still caps the rows per micro-batch).
-        pad_to_multiple: round each micro-batch's padded length up to this multiple (default: 1, or with
-            FP8 16 — Transformer Engine's FP8 GEMMs need token counts divisible by 16 — and 128 for the
-            block-scaled recipes, a conservative choice for their 128-element scaling blocks).
+        max_tokens_per_micro_batch: dynamic micro-batches by token budget — padded tokens (rows · longest),
+            or real tokens with packing (None: fixed size `agent.parallel.micro_batch_size`, which still
+            caps the rows per micro-batch).
+        pad_to_multiple: round each micro-batch's padded length (packed: its total length) up to this
+            multiple (default: 1, or with FP8 16 — Transformer Engine's FP8 GEMMs need token counts
+            divisible by 16 — and 128 for the block-scaled recipes, a conservative choice for their
+            128-element scaling blocks; times TP with sequence parallelism, which splits the sequence).
+        sequence_packing: padding-free micro-batches (None: `agent.parallel.sequence_packing`, default off).
+        offload_reference: keep the reference model's weights in host memory between its forwards (None:
+            `agent.offload_reference`, default off); ignored without a reference model.
     """
 
     def __init__(self, agent: AgentConfig, arch: ModelArch, *, seed: int = 0, total_updates: int = 1000,
                  reference_model: bool = False, use_te: bool | None = None, logit_temperature: float = 1.0,
-                 max_tokens_per_micro_batch: int | None = None, pad_to_multiple: int | None = None):
+                 max_tokens_per_micro_batch: int | None = None, pad_to_multiple: int | None = None,
+                 sequence_packing: bool | None = None, offload_reference: bool | None = None):
         from megatron.core import parallel_state
 
         from nemo_hacpo.models.spec import transformer_config
@@ -125,6 +139,14 @@ class MegatronTrainer:
             raise ValueError("context parallelism is not supported by the trainer (parallel.cp must be 1)")
         if logit_temperature <= 0:
             raise ValueError(f"logit_temperature must be > 0, got {logit_temperature}")
+        # Read with getattr: older configs have neither field.
+        self.sequence_packing = bool(getattr(parallel, "sequence_packing", False) if sequence_packing is None
+                                     else sequence_packing)
+        offload_reference = bool(getattr(agent, "offload_reference", False) if offload_reference is None
+                                 else offload_reference)
+        if offload_reference and reference_model and agent.precision.fp8_param:
+            raise ValueError("offload_reference with precision.fp8_param is not supported (FP8 parameters are "
+                             "Transformer Engine tensor subclasses; their host copies are untested)")
         on_gpu = torch.cuda.is_available()
         if not on_gpu:
             from nemo_hacpo.models.megatron_cpu_shim import apply_cpu_shim
@@ -142,7 +164,7 @@ class MegatronTrainer:
         self.device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         self.micro_batch_size = parallel.micro_batch_size
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self.pad_to_multiple = pad_to_multiple if pad_to_multiple is not None else fp8_pad_multiple(agent)
+        self.pad_to_multiple = pad_to_multiple if pad_to_multiple is not None else default_pad_multiple(agent)
         self.logit_temperature = float(logit_temperature)
         self.use_te = use_te if use_te is not None else (on_gpu and _transformer_engine_available())
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -164,12 +186,17 @@ class MegatronTrainer:
         self.config.finalize_model_grads_func = _finalize_grads_summed
         self.model = self._build_ddp_model()
         self.config.no_sync_func = self.model.no_sync
-        self.optimizer = self._build_optimizer()
-        self.scheduler = self._build_scheduler(total_updates)
+        # The reference before the optimizer: with offloading its transient device copy is gone before the
+        # optimizer's main weights are allocated. (The optimizer draws no random numbers: same init either way.)
         self.reference = self._build_module() if reference_model else None
+        self.reference_offload: HostOffload | None = None
         if self.reference is not None:
             self.reference.requires_grad_(False).eval()
+            if offload_reference:
+                self.reference_offload = HostOffload(self.reference, self.device)
             self.sync_reference()
+        self.optimizer = self._build_optimizer()
+        self.scheduler = self._build_scheduler(total_updates)
         self.updates_done = 0
         self.last_step: int | None = None
 
@@ -177,8 +204,13 @@ class MegatronTrainer:
     def _build_module(self):
         from nemo_hacpo.models.spec import build_gpt_model
 
+        core_attention = None
+        if self.sequence_packing and not self.use_te:  # the local spec's attention refuses THD input
+            from nemo_hacpo.training.packed_attention import PackedDotProductAttention
+
+            core_attention = PackedDotProductAttention
         module = build_gpt_model(self.arch, self.config, use_te=self.use_te, pre_process=self.is_first_stage,
-                                 post_process=self.is_last_stage)
+                                 post_process=self.is_last_stage, core_attention=core_attention)
         return module.to(self.device)
 
     def _build_ddp_model(self):
@@ -218,7 +250,8 @@ class MegatronTrainer:
             wd_incr_steps=decay_steps, wd_incr_style="constant")
 
     def sync_reference(self) -> None:
-        """Copy the policy's current weights into the reference model (after loading initial weights)."""
+        """Copy the policy's current weights into the reference model (after loading initial weights; with
+        offloading, into its host copies)."""
         if self.reference is None:
             raise RuntimeError("this trainer keeps no reference model (reference_model=False)")
         self.reference.load_state_dict(self.model.module.state_dict(), strict=True)
@@ -243,19 +276,39 @@ class MegatronTrainer:
         logits = mask_padded_vocab(logits, self.arch.vocab_size)
         return -tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
 
+    def _row_token_logprobs(self, batch: MicroBatch, output: torch.Tensor) -> torch.Tensor:
+        """`[B, S]` token log-probs in the padded row layout, from padded logits `[B, S, V/tp]` or packed
+        logits `[1, T, V/tp]` (scored against the packed labels, then unpacked)."""
+        if batch.packed is None:
+            return self._token_logprobs(output, batch.labels)
+        packed_logprobs = self._token_logprobs(output, batch.packed.labels)  # [1, T]
+        return unpack_token_values(packed_logprobs, batch.packed, batch.input_ids.shape[1])
+
+    def _micro_batch(self, batch: MicroBatch, token_ids: Sequence[Sequence[int]]) -> MicroBatch:
+        """Attach the packed model inputs when packing (the loss keeps the padded row layout `[B, S]`)."""
+        if self.sequence_packing:
+            batch.packed = pack_rows(token_ids, batch.row_index.tolist(), self.pad_to_multiple)
+        return batch
+
     def _run_schedule(self, model, batches: list[MicroBatch], loss_func, forward_only: bool) -> None:
         """Megatron's schedule (1F1B with PP) over `batches`; `loss_func(batch, output)` on the last stage."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(data_iterator: Iterator[MicroBatch], chunk):
             batch = next(data_iterator).to(self.device)
-            output = chunk(batch.input_ids, batch.position_ids, None)  # last stage: logits [B, S, V/tp]
+            if batch.packed is None:
+                output = chunk(batch.input_ids, batch.position_ids, None)  # last stage: logits [B, S, V/tp]
+            else:  # one THD sequence: logits [1, T, V/tp]
+                packed = batch.packed
+                output = chunk(packed.input_ids, packed.position_ids, None,
+                               packed_seq_params=packed.megatron_params())
             return output, functools.partial(loss_func, batch)
 
+        shapes = [b.model_input_shape for b in batches]  # [B, S] padded, [1, T] packed
         get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter(batches), model=[model],
-            num_microbatches=len(batches), seq_length=max(b.input_ids.shape[1] for b in batches),
-            micro_batch_size=max(b.num_rows for b in batches), forward_only=forward_only)
+            num_microbatches=len(batches), seq_length=max(s for _, s in shapes),
+            micro_batch_size=max(b for b, _ in shapes), forward_only=forward_only)
 
     def _shard_micro_batches(self, rows: range, lengths: Sequence[int]) -> list[list[int]]:
         """This DP replica's contiguous share of `rows`, cut into micro-batches."""
@@ -263,6 +316,8 @@ class MegatronTrainer:
         mine = [rows[i] for i in shard]
         if self.max_tokens_per_micro_batch is None:
             return micro_batches(mine, lengths, self.micro_batch_size)
+        if self.sequence_packing:  # the budget counts real tokens
+            return micro_batches(mine, lengths, self.micro_batch_size, self.max_tokens_per_micro_batch, packed=True)
         padded = {row: padded_length(lengths[row], self.pad_to_multiple) for row in mine}  # what padding costs
         return micro_batches(mine, padded, self.micro_batch_size, self.max_tokens_per_micro_batch)
 
@@ -287,11 +342,13 @@ class MegatronTrainer:
         shape = (num_rows, max(lengths)) if per_token else (num_rows,)
         values = torch.zeros(shape, dtype=torch.float32, device=self.device)
         plan = self._shard_micro_batches(range(num_rows), lengths)
-        batches = [pad_micro_batch(token_ids, response_mask, indices, self.pad_to_multiple) for indices in plan]
+        row_multiple = 1 if self.sequence_packing else self.pad_to_multiple  # packed: the model sees [1, T]
+        batches = [self._micro_batch(pad_micro_batch(token_ids, response_mask, indices, row_multiple), token_ids)
+                   for indices in plan]
         zero_count = torch.zeros((), dtype=torch.int, device=self.device)
 
         def store(batch: MicroBatch, output: torch.Tensor):
-            token_logprobs = self._token_logprobs(output, batch.labels)  # [B, S]
+            token_logprobs = self._row_token_logprobs(batch, output)  # [B, S]
             if per_token:
                 seq_len = min(token_logprobs.shape[1], values.shape[1])  # beyond: padding to pad_to_multiple
                 scored = torch.where(batch.loss_mask, token_logprobs, 0.0)
@@ -322,7 +379,9 @@ class MegatronTrainer:
         if reference and self.reference is None:
             raise RuntimeError("this trainer keeps no reference model (reference_model=False)")
         model = self.reference if reference else self.model
-        return self._forward_logprobs(model, rows.token_ids, rows.response_mask, per_token=True)
+        on_device = self.reference_offload.on_device() if reference and self.reference_offload else nullcontext()
+        with on_device:  # an offloaded reference visits the device for this forward only
+            return self._forward_logprobs(model, rows.token_ids, rows.response_mask, per_token=True)
 
     def train_step(self, view: Any, algo: AlgoConfig, step: int) -> dict[str, float]:
         """`M = algo.updates_per_step` optimizer updates over the rows, in order (spec §6).
@@ -362,12 +421,13 @@ class MegatronTrainer:
             num_tokens = sum(scored[i] for i in minibatch)
             normaliser = policy_normaliser(algo, num_sequences, num_tokens)
             update_metrics = MetricAccumulator(keys, token_level=algo.name == "grpo", device=self.device)
-            batches = [training_micro_batch(rows, indices, self.pad_to_multiple)
+            row_multiple = 1 if self.sequence_packing else self.pad_to_multiple
+            batches = [self._micro_batch(training_micro_batch(rows, indices, row_multiple), rows.token_ids)
                        for indices in self._shard_micro_batches(minibatch, lengths)]
 
             def loss_func(batch: MicroBatch, output: torch.Tensor, u=update_index, d=normaliser, n=num_sequences,
                           acc=update_metrics):
-                token_logprobs = self._token_logprobs(output, batch.labels)
+                token_logprobs = self._row_token_logprobs(batch, output)  # [B, S]
                 loss, metrics = micro_batch_loss(token_logprobs, batch, algo, u, normaliser=d, num_sequences=float(n))
                 acc.add(metrics)
                 step_metrics.add(metrics)
@@ -423,11 +483,18 @@ class MegatronTrainer:
 
 
 def fp8_pad_multiple(agent: AgentConfig) -> int:
-    """Default micro-batch length multiple: 1 without FP8, 16 with per-tensor FP8, 128 with block scaling."""
+    """Micro-batch length multiple FP8 needs: 1 without FP8, 16 with per-tensor FP8, 128 with block scaling."""
     precision = agent.precision
     if precision.fp8 is None:
         return 1
     return 128 if precision.fp8_recipe in ("blockwise", "mxfp8") else 16
+
+
+def default_pad_multiple(agent: AgentConfig) -> int:
+    """Default micro-batch length multiple: FP8's (`fp8_pad_multiple`), times TP under sequence parallelism
+    (which splits the sequence over the TP ranks): lcm(fp8 multiple, tp if sequence_parallel else 1)."""
+    parallel = agent.parallel
+    return math.lcm(fp8_pad_multiple(agent), parallel.tp if parallel.sequence_parallel else 1)
 
 
 def _transformer_engine_available() -> bool:

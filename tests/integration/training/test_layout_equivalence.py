@@ -1,6 +1,6 @@
 """The trainer's loss and gradients do not depend on the layout: TP = 1 (micro-batch sizes 1, 2, 4, a
-token budget, padding to a multiple of 16), TP = 2, PP = 2 and DP = 2 with the distributed optimizer agree
-on the same rows and weights.
+token budget, padding to a multiple of 16, sequence packing with and without a token budget), TP = 2,
+PP = 2 (each also packed) and DP = 2 with the distributed optimizer agree on the same rows and weights.
 
 A 1-rank run initialises the tiny model (seed 1234) and records its full weights W0, a perturbed copy W1,
 and the rows (m_old from the TP = 1 trainer). Every layout then loads the shards of those weights and runs
@@ -10,7 +10,7 @@ one optimizer update (M = 1) for two objectives:
 Weights before and after the update are gathered back to the TP = 1 layout from every rank, and the
 gradient is read off the update (Adam with lr = ε = 1000, whose first update is g / (1 + |g|/1000):
 tests/integration/training/tiny_setup.py). Loss, every metric and the gradients must match within 1e-5
-(measured: |Δloss| ≤ 8e-8 and |Δgrad| ≤ 1.2e-7, the fp32 resolution of the probe; PP = 2 is exact).
+(measured: |Δloss| ≤ 8e-8 and |Δgrad| ≤ 1.2e-7, the fp32 resolution of the probe; unpacked PP = 2 is exact).
 """
 
 from __future__ import annotations
@@ -39,10 +39,13 @@ pytestmark = [
 
 ATOL = 1e-5
 KL_COEF = 0.1
-TP1_VARIANTS = {"mbs1": (1, None, None), "mbs2": (2, None, None), "mbs4": (4, None, None),
-                "budget160": (4, 160, None), "pad16": (2, None, 16)}
-"""label → (micro_batch_size, max_tokens_per_micro_batch, pad_to_multiple) of the TP = 1 runs."""
-LAYOUTS = {"tp2": (2, 1, 1), "pp2": (1, 2, 1), "dp2": (1, 1, 2)}
+TP1_VARIANTS = {"mbs1": (1, None, None, False), "mbs2": (2, None, None, False), "mbs4": (4, None, None, False),
+                "budget160": (4, 160, None, False), "pad16": (2, None, 16, False),
+                "packed_mbs4": (4, None, None, True), "packed_budget160_pad16": (8, 160, 16, True)}
+"""label → (micro_batch_size, max_tokens_per_micro_batch, pad_to_multiple, sequence_packing) of the TP = 1 runs."""
+LAYOUTS = {"tp2": (2, 1, 1, False), "pp2": (1, 2, 1, False), "dp2": (1, 1, 2, False),
+           "tp2_packed": (2, 1, 1, True), "pp2_packed": (1, 2, 1, True)}
+"""label → (tp, pp, dp, sequence_packing) of the 2-rank runs."""
 
 
 def _algo(name: str):
@@ -51,7 +54,8 @@ def _algo(name: str):
     return AlgoConfig(name=name, updates_per_step=1, kl_coef=KL_COEF if name == "grpo" else 0.0)
 
 
-def _run_objectives(agent, rows, w0, w1, max_tokens: int | None = None, pad_to_multiple: int | None = None) -> dict:
+def _run_objectives(agent, rows, w0, w1, max_tokens: int | None = None, pad_to_multiple: int | None = None,
+                    packing: bool = False) -> dict:
     """One hacpo update from W0 and one grpo+KL update from W1 (reference W0), each by a fresh trainer
     (the gradient probe needs Adam's *first* update); metrics and weights before/after."""
     from nemo_hacpo.training import MegatronTrainer
@@ -59,7 +63,8 @@ def _run_objectives(agent, rows, w0, w1, max_tokens: int | None = None, pad_to_m
     out = {}
     for objective in ("hacpo", "grpo_kl"):
         trainer = MegatronTrainer(agent, tiny_arch(agent), seed=99, reference_model=True,
-                                  max_tokens_per_micro_batch=max_tokens, pad_to_multiple=pad_to_multiple)
+                                  max_tokens_per_micro_batch=max_tokens, pad_to_multiple=pad_to_multiple,
+                                  sequence_packing=packing)
         load_full_state(trainer, w0, module=trainer.reference)
         load_full_state(trainer, w0 if objective == "hacpo" else w1)
         before = local_parameters(trainer)
@@ -87,8 +92,8 @@ def reference_rank() -> dict:
                              behaviour_mean_logprob=torch.zeros(len(token_ids)))
     rows = training_rows(trainer.compute_mean_logprobs(rows_only))
     trainer.close()
-    runs = {label: _run_objectives(tiny_agent(micro_batch_size=size), rows, w0, w1, max_tokens, multiple)
-            for label, (size, max_tokens, multiple) in TP1_VARIANTS.items()}
+    runs = {label: _run_objectives(tiny_agent(micro_batch_size=size), rows, w0, w1, max_tokens, multiple, packing)
+            for label, (size, max_tokens, multiple, packing) in TP1_VARIANTS.items()}
     return {"w0": w0, "w1": w1, "rows": rows, "runs": runs}
 
 
@@ -97,8 +102,8 @@ def layout_rank(w0: dict, w1: dict, rows) -> dict:
     row (one replica has nothing to score but still joins the reduction)."""
     from nemo_hacpo.training import MegatronTrainer, TrainingRows
 
-    runs = {label: _run_objectives(tiny_agent(tp=tp, pp=pp, dp=dp), rows, w0, w1)
-            for label, (tp, pp, dp) in LAYOUTS.items()}
+    runs = {label: _run_objectives(tiny_agent(tp=tp, pp=pp, dp=dp), rows, w0, w1, packing=packing)
+            for label, (tp, pp, dp, packing) in LAYOUTS.items()}
     agent = tiny_agent(dp=2)
     trainer = MegatronTrainer(agent, tiny_arch(agent), seed=99)
     load_full_state(trainer, w0)
