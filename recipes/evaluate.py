@@ -1,0 +1,148 @@
+"""Evaluate agents (a finished run's or any HF checkpoints) with vLLM: greedy avg@1, sampled avg@k, pass@k.
+
+    python recipes/evaluate.py --run outputs/pair_tiny                        # every agent of a finished run
+    python recipes/evaluate.py --run outputs/pair_tiny --dataset gsm8k --samples 8 --pass-k 1,4,8
+    python recipes/evaluate.py --model llama=/path/hf_dir --model other=/path2 --config-name pair_tiny --agent llama_tiny
+    python recipes/evaluate.py --model /path/hf_dir --dataset /data/test.jsonl --field question=problem \\
+        --field answer=solution --limit 100
+
+Datasets (repeatable): `heldout` (the run's / config's data.eval split), `gsm8k`, `aime2025` (the `eval` extra),
+or a local .jsonl/.json/.parquet file whose columns `--field KEY=COLUMN` maps (keys: question, answer, id,
+level, solution). Output in --out (default <run>/eval, else outputs/eval): results.md, results.csv,
+results.json (one row per agent × dataset) and answers/<agent>__<dataset>.jsonl. One engine runs at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+DEFAULT_OUT = Path("outputs/eval")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = parser.add_argument_group("what to evaluate")
+    what.add_argument("--run", help="a finished training run: <run>/config.yaml and <run>/hf/<agent>/")
+    what.add_argument("--model", action="append", default=[], metavar="NAME=DIR",
+                      help="an HF checkpoint directory (repeatable); NAME labels it (default: the folder name)")
+    what.add_argument("--config-name", "-cn", help="config under conf/ whose agent settings --model uses")
+    what.add_argument("--config-dir", "-cd", help="directory holding the configs (default: conf/)")
+    what.add_argument("--agent", action="append", default=[],
+                      help="with --run: evaluate only these agents (repeatable); with --model and --config-name: "
+                           "the config's agent whose settings every --model uses (default: the agent named NAME)")
+    data = parser.add_argument_group("data")
+    data.add_argument("--dataset", action="append", default=[], metavar="NAME|PATH",
+                      help="heldout | gsm8k | aime2025 | a local .jsonl/.parquet file (repeatable; default heldout)")
+    data.add_argument("--field", action="append", default=[], metavar="KEY=COLUMN",
+                      help="field mapping of local files, e.g. question=problem answer=solution")
+    data.add_argument("--limit", type=int, help="first N problems of each dataset")
+    gen = parser.add_argument_group("generation and scoring")
+    gen.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True,
+                     help="greedy decoding, one response per problem → greedy_avg@1 (default: on)")
+    gen.add_argument("--samples", type=int, default=0, metavar="K", help="K sampled responses per problem → avg@K")
+    gen.add_argument("--pass-k", help="k of pass@k, comma-separated, each ≤ K (default: powers of two up to K, and K)")
+    gen.add_argument("--temperature", type=float, default=1.0, help="temperature of the sampled responses")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus mass of the sampled responses")
+    gen.add_argument("--seed", type=int, default=0, help="base seed of the sampled responses")
+    gen.add_argument("--max-prompt-length", type=int, help="override every agent's max_prompt_length (tokens)")
+    gen.add_argument("--max-response-length", type=int, help="override every agent's max_response_length (tokens)")
+    gen.add_argument("--batch-size", type=int, default=256, help="problems per generate call")
+    gen.add_argument("--lenient", action="store_true", help="lenient answer extraction (default: the run's mode, "
+                                                            "else strict: last \\boxed{} only)")
+    gen.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
+    parser.add_argument("--out", type=Path, help="output directory (default: <run>/eval, else outputs/eval)")
+    return parser.parse_args(argv)
+
+
+def _plan(args: argparse.Namespace):
+    """(config or None, agent targets, dataset targets, EvalSettings, device, output dir) from the arguments."""
+    import torch
+
+    from nemo_hacpo.config import load_config
+    from nemo_hacpo.eval import EvalSettings, parse_ks
+    from nemo_hacpo.eval.targets import (
+        load_dataset,
+        model_targets,
+        parse_field_mapping,
+        run_targets,
+        with_lengths,
+    )
+    from nemo_hacpo.rollout.settings import engine_settings
+
+    if bool(args.run) == bool(args.model):
+        raise ValueError("give either --run DIR or one or more --model NAME=DIR")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.run:
+        if args.config_name:
+            raise ValueError("--config-name is for --model; a run brings its own config.yaml")
+        cfg, targets = run_targets(args.run, args.agent)
+    else:
+        if len(args.agent) > 1:
+            raise ValueError("with --model, --agent names one config agent whose settings the models use")
+        cfg = load_config(args.config_name, [], args.config_dir) if args.config_name else None
+        targets = model_targets(args.model, cfg=cfg, agent=args.agent[0] if args.agent else None, device=device)
+    targets = [with_lengths(t, args.max_prompt_length, args.max_response_length) for t in targets]
+    for target in targets:  # the engine's own checks (lengths vs the checkpoint's positions, dtype) before any start
+        engine_settings(target.agent, target.model_dir, target.tokenizer_dir or target.model_dir, device=device)
+
+    fields = parse_field_mapping(args.field)
+    heldout = cfg.data.eval if cfg is not None else None
+    datasets = [load_dataset(spec, heldout=heldout, fields=fields, limit=args.limit)
+                for spec in (args.dataset or ["heldout"])]
+    names = [d.name for d in datasets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two datasets share a name ({names}); rename a local file")
+    if args.pass_k and args.samples < 1:
+        raise ValueError("--pass-k needs --samples K (sampled responses per problem)")
+    ks = parse_ks(args.pass_k, args.samples) if args.pass_k else ()
+    settings = EvalSettings(greedy=args.greedy, samples=args.samples, pass_ks=ks, temperature=args.temperature,
+                            top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
+                            system_prompt=cfg.data.system_prompt if cfg is not None else None)
+    out = args.out or (Path(args.run) / "eval" if args.run else DEFAULT_OUT)
+    return cfg, targets, datasets, settings, device, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from nemo_hacpo.config import ConfigError
+
+    try:
+        cfg, targets, datasets, settings, device, out = _plan(args)
+    except (FileNotFoundError, ValueError, KeyError, ConfigError, ModuleNotFoundError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+    from nemo_hacpo.eval import evaluate_checkpoints, write_results
+    from nemo_hacpo.eval.tables import progress_line
+    from nemo_hacpo.rewards import MathRewardScorer
+
+    reward = cfg.reward if cfg is not None else None
+    strict = not args.lenient and (reward.strict if reward is not None else True)
+    print(f"evaluating {[t.name for t in targets]} on {[f'{d.name} ({len(d.problems)})' for d in datasets]} "
+          f"on {device}: greedy={settings.greedy}, samples={settings.samples}, pass@k={list(settings.ks)}",
+          flush=True)
+    with MathRewardScorer(num_workers=reward.num_workers if reward is not None else 1,
+                          timeout_s=reward.timeout_s if reward is not None else 5.0, strict=strict) as scorer:
+        results = evaluate_checkpoints(targets, datasets, settings, scorer=scorer, device=device,
+                                       on_result=lambda result: print(progress_line(result), flush=True))
+    run_settings = {
+        "greedy": settings.greedy, "samples": settings.samples, "pass_ks": list(settings.ks),
+        "temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed,
+        "strict": strict, "limit": args.limit, "device": device,
+        "agents": {t.name: str(t.model_dir) for t in targets},
+        "datasets": {d.name: d.origin for d in datasets},
+        "max_response_length": {t.name: t.agent.max_response_length for t in targets},
+    }
+    paths = write_results(results, out, run_settings, title=f"Evaluation of {args.run or 'models'}")
+    print(paths["markdown"].read_text())
+    print(f"outputs: {out} (results.md, results.csv, results.json, answers/)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
