@@ -5,10 +5,20 @@
 #   HACPO_TRAIN_DATA=/data/math_train.jsonl HACPO_EVAL_DATA=/data/math500.jsonl \
 #   CONTAINER_IMAGE=/images/nemo-hacpo.sqsh sbatch slurm/hacpo_70b_8b.sh [hydra overrides...]
 #
-# One Ray head on the first node, one Ray worker per other node (all with `srun`, inside the container when
-# CONTAINER_IMAGE is set — pyxis/enroot), then the driver on the head node. Every node must see the
-# checkpoints, the data and HACPO_OUTPUT_DIR at the same paths. Other sizes: override --nodes and the config:
-#   sbatch --nodes=1 --gpus-per-node=0 slurm/hacpo_70b_8b.sh --config-name pair_tiny   (what CI runs on CPU)
+# One Ray head on the first node, one Ray worker per other node (each an `srun` step, inside the container when
+# CONTAINER_IMAGE (or CONTAINER) is set — pyxis/enroot), then the driver on the head node. Every node must see
+# the checkpoints, the data and HACPO_OUTPUT_DIR at the same paths. Ray and the driver log per node under
+# $HACPO_OUTPUT_DIR/logs/ (ray-<node>.log, driver.log; the driver's output is also in the job's output file).
+# Ray is stopped when the script exits, fails or is cancelled (scancel / time limit: SIGTERM).
+#
+# Environment: CONFIG (or CONFIG_NAME; default pair_large), PYTHON (default: python on PATH, e.g. a venv's
+# bin/python), HACPO_OUTPUT_DIR, RAY_PORT (6379), RAY_NUM_CPUS (default: the CPUs Slurm gave the task),
+# RAY_TEMP_DIR (/tmp/ray-hacpo-<job id>), RAY_WAIT_S (600), RAY_AUTH_MODE (token, with a per-job token),
+# CONTAINER_MOUNTS. `--config-name X` among the arguments also picks X.
+# Other sizes: override the #SBATCH lines on the command line. What CI runs on one CPU node (tests/integration/
+# slurm/test_sbatch_job.py):
+#   sbatch --nodes=1 --gpus-per-node=0 --cpus-per-task=2 --export=ALL,CONFIG=pair_tiny,PYTHON=$PWD/.venv/bin/python \
+#       slurm/hacpo_70b_8b.sh runtime.steps=2 ...
 #SBATCH --job-name=hacpo-70b-8b
 #SBATCH --nodes=5
 #SBATCH --ntasks-per-node=1
@@ -19,69 +29,148 @@
 #SBATCH --output=slurm-%x-%j.out
 set -euo pipefail
 
-CONFIG_NAME=${CONFIG_NAME:-pair_large}
+CONFIG=${CONFIG:-${CONFIG_NAME:-pair_large}}
+CONTAINER_IMAGE=${CONTAINER_IMAGE:-${CONTAINER:-}}
 RAY_PORT=${RAY_PORT:-6379}
 REPO_DIR=${REPO_DIR:-${SLURM_SUBMIT_DIR:-$(pwd)}}
 PYTHON=${PYTHON:-python}
-export HACPO_OUTPUT_DIR=${HACPO_OUTPUT_DIR:-$REPO_DIR/outputs/$CONFIG_NAME-${SLURM_JOB_ID:-local}}
-export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-mkdir -p "$HACPO_OUTPUT_DIR"
+JOB_ID=${SLURM_JOB_ID:?run this script with sbatch}
 
 # `--config-name X` among the arguments picks the config; everything else is passed through as overrides.
 overrides=()
 while [[ $# -gt 0 ]]; do
-    if [[ "$1" == "--config-name" && $# -ge 2 ]]; then CONFIG_NAME=$2; shift 2; else overrides+=("$1"); shift; fi
+    if [[ "$1" == "--config-name" && $# -ge 2 ]]; then CONFIG=$2; shift 2; else overrides+=("$1"); shift; fi
 done
 
+export HACPO_OUTPUT_DIR=${HACPO_OUTPUT_DIR:-$REPO_DIR/outputs/$CONFIG-$JOB_ID}
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+LOG_DIR=$HACPO_OUTPUT_DIR/logs
+RAY_TEMP_DIR=${RAY_TEMP_DIR:-/tmp/ray-hacpo-$JOB_ID}  # short: Ray's socket paths must fit in 107 bytes
+RAY_WAIT_S=${RAY_WAIT_S:-600}
+mkdir -p "$LOG_DIR"
+# Ray ≥ 2.5x: `ray start` turns token auth on by itself when ~/.ray/auth_token exists (any earlier local
+# ray.init() writes one), but a client given an explicit address does not: every connection is then refused
+# (InvalidAuthToken). Decide once for the whole job: token auth with a fresh per-job token, handed to every
+# srun step (and through the raylets to the workers) in the environment, never written to disk or logs.
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+if [[ "$RAY_AUTH_MODE" == token && -z "${RAY_AUTH_TOKEN:-}" && -z "${RAY_AUTH_TOKEN_PATH:-}" ]]; then
+    RAY_AUTH_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+    export RAY_AUTH_TOKEN
+fi
+# On SIGTERM `ray start --block` first "drains" the node for 30 s (meant for Ray Serve); nothing to drain here.
+export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}
+
 container_args=()
-if [[ -n "${CONTAINER_IMAGE:-}" ]]; then
+if [[ -n "$CONTAINER_IMAGE" ]]; then
     container_args=(--container-image="$CONTAINER_IMAGE" --container-workdir="$REPO_DIR"
                     --container-mounts="${CONTAINER_MOUNTS:-$REPO_DIR:$REPO_DIR}")
 fi
+# One task on one node (`-w node`), sharing the allocation's CPUs/GPUs with the long-running Ray steps (--overlap).
+# An array, not a function: `"${srun_one[@]}" ... &` backgrounds srun itself, so `$!` is srun's PID (a
+# backgrounded function would be a subshell, and killing it would leave srun running).
+srun_one=(srun --nodes=1 --ntasks=1 --overlap "${container_args[@]}")
 
-mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:?run this script with sbatch}")
+mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 head_node=${nodes[0]}
-head_ip=$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk '{print $1}')
+head_ip=$("${srun_one[@]}" -w "$head_node" hostname --ip-address | awk '{print $1}')
 gpus_per_node=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-0}}
-gpus_per_node=${gpus_per_node##*:}
-cpus_per_node=${SLURM_CPUS_PER_TASK:-$(nproc)}
-echo "[hacpo] job ${SLURM_JOB_ID:-?}: ${#nodes[@]} node(s), head $head_node ($head_ip), $gpus_per_node GPU(s)/node, config $CONFIG_NAME"
+gpus_per_node=${gpus_per_node##*:}  # "gpu:8" → 8
+cpus_per_node=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-$(nproc)}}
+RAY_NUM_CPUS=${RAY_NUM_CPUS:-$cpus_per_node}
+echo "[hacpo] job $JOB_ID: ${#nodes[@]} node(s), head $head_node ($head_ip), $gpus_per_node GPU(s) and" \
+     "$RAY_NUM_CPUS Ray CPU(s) per node, config $CONFIG, outputs $HACPO_OUTPUT_DIR"
 
-ray_start() {  # node, extra ray args...
-    local node=$1; shift
-    srun --nodes=1 --ntasks=1 -w "$node" "${container_args[@]}" --overlap \
-        ray start --block --num-cpus="$cpus_per_node" --num-gpus="$gpus_per_node" --disable-usage-stats "$@" &
+# ------------------------------------------------------------------------------------------ teardown
+ray_pids=()
+driver_pid=""
+any_alive() { local pid; for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
+cleanup() {
+    local rc=$?
+    trap - EXIT TERM INT
+    if [[ -n "$driver_pid" ]] && kill -0 "$driver_pid" 2>/dev/null; then
+        echo "[hacpo] stopping the driver (srun pid $driver_pid)"
+        kill -TERM "$driver_pid" 2>/dev/null || true
+        wait "$driver_pid" 2>/dev/null || true
+    fi
+    # Ray: SIGTERM to the Ray steps' processes through Slurm (`scancel --signal`), so that `ray start --block`
+    # shuts down the raylet, GCS and workers it started. (A SIGTERM to srun itself would make srun SIGKILL the
+    # step.) Whatever is left after 60 s goes with the step: srun is then told to force it.
+    if [[ ${#ray_pids[@]} -gt 0 ]]; then
+        local steps
+        steps=$(squeue --steps --jobs "$JOB_ID" -h -o "%i %j" 2>/dev/null | awk '$2 == "hacpo-ray" {print $1}' || true)
+        # shellcheck disable=SC2086
+        [[ -n "$steps" ]] && scancel --signal=TERM $steps 2>/dev/null || true
+        for _ in $(seq 60); do
+            any_alive "${ray_pids[@]}" || break
+            sleep 1
+        done
+        for pid in "${ray_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+        for pid in "${ray_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    fi
+    [[ ${#ray_pids[@]} -gt 0 ]] && echo "[hacpo] ray stopped on ${#nodes[@]} node(s) (job time ${SECONDS} s)"
+    echo "[hacpo] exit status $rc; outputs in $HACPO_OUTPUT_DIR, logs in $LOG_DIR"
+    exit "$rc"
 }
-ray_start "$head_node" --head --node-ip-address="$head_ip" --port="$RAY_PORT" --include-dashboard=false
-sleep 10
+trap cleanup EXIT
+trap 'echo "[hacpo] cancelled (SIGTERM)"; exit 143' TERM
+trap 'echo "[hacpo] interrupted"; exit 130' INT
+
+# ------------------------------------------------------------------------------------------ Ray cluster
+# At teardown `ray start --block` exits 1 on its SIGTERM, so srun reports "task 0: Exited with exit code 1"
+# for each Ray step: expected, and not the job's status (the driver's is).
+ray_start() {  # node, extra `ray start` args...
+    local node=$1; shift
+    "${srun_one[@]}" -w "$node" --job-name=hacpo-ray --output="$LOG_DIR/ray-$node.log" \
+        "$PYTHON" -m ray.scripts.scripts start --block --num-cpus="$RAY_NUM_CPUS" --num-gpus="$gpus_per_node" \
+        --disable-usage-stats "$@" &
+    ray_pids+=("$!")
+}
+
+ray_wait() {  # nodes: wait until that many Ray nodes are alive (the head may still be starting)
+    "${srun_one[@]}" -w "$head_node" "$PYTHON" - "$head_ip:$RAY_PORT" "$1" "$RAY_WAIT_S" <<'EOF'
+import sys, time
+import ray
+address, want, wait_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+start = time.monotonic()
+alive, last_error, last_report = 0, "", start
+while time.monotonic() - start < wait_s:
+    try:
+        ray.init(address=address, logging_level="ERROR")
+    except Exception as err:  # the GCS is not up yet (ConnectionError) or refuses us (auth): retry, report
+        last_error = f"{type(err).__name__}: {err}"
+        if time.monotonic() - last_report > 60:
+            print(f"[hacpo] still waiting for Ray at {address}: {last_error}", flush=True)
+            last_report = time.monotonic()
+        time.sleep(2)
+        continue
+    alive = sum(node["Alive"] for node in ray.nodes())
+    if alive >= want:
+        print(f"[hacpo] ray cluster ready after {time.monotonic() - start:.0f} s: {alive} node(s), "
+              f"resources {ray.cluster_resources()}", flush=True)
+        sys.exit(0)
+    ray.shutdown()
+    time.sleep(5)
+sys.exit(f"[hacpo] only {alive} of {want} Ray nodes joined {address} within {wait_s:.0f} s {last_error}")
+EOF
+}
+
+ray_start "$head_node" --head --node-ip-address="$head_ip" --port="$RAY_PORT" --include-dashboard=false \
+    --temp-dir="$RAY_TEMP_DIR"
+ray_wait 1
 for node in "${nodes[@]:1}"; do
     ray_start "$node" --address="$head_ip:$RAY_PORT"
 done
+[[ ${#nodes[@]} -gt 1 ]] && ray_wait "${#nodes[@]}"
 
-# Wait until every node has joined before the driver places its worker groups.
-srun --nodes=1 --ntasks=1 -w "$head_node" "${container_args[@]}" --overlap \
-    "$PYTHON" - "$head_ip:$RAY_PORT" "${#nodes[@]}" <<'EOF'
-import sys, time
-import ray
-ray.init(address=sys.argv[1], logging_level="ERROR")
-want = int(sys.argv[2])
-for _ in range(120):
-    alive = sum(node["Alive"] for node in ray.nodes())
-    if alive >= want:
-        print(f"[hacpo] ray cluster ready: {alive} node(s), resources {ray.cluster_resources()}")
-        break
-    time.sleep(5)
-else:
-    sys.exit(f"[hacpo] only {alive} of {want} Ray nodes joined")
-EOF
-
-status=0
-srun --nodes=1 --ntasks=1 -w "$head_node" "${container_args[@]}" --overlap \
-    "$PYTHON" "$REPO_DIR/recipes/train.py" --config-name "$CONFIG_NAME" \
+# ------------------------------------------------------------------------------------------ driver
+# In the background (with `wait`), so that a SIGTERM reaches the trap at once instead of after the driver.
+"${srun_one[@]}" -w "$head_node" "$PYTHON" "$REPO_DIR/recipes/train.py" --config-name "$CONFIG" \
     runtime.cluster.ray_address="$head_ip:$RAY_PORT" runtime.cluster.num_nodes="${#nodes[@]}" \
     runtime.cluster.gpus_per_node="$gpus_per_node" runtime.output_dir="$HACPO_OUTPUT_DIR" \
-    "${overrides[@]}" || status=$?
-
-srun --nodes="${#nodes[@]}" --ntasks-per-node=1 "${container_args[@]}" --overlap ray stop --force >/dev/null 2>&1 || true
-echo "[hacpo] driver exited with status $status; outputs in $HACPO_OUTPUT_DIR"
-exit $status
+    "${overrides[@]}" > >(tee -a "$LOG_DIR/driver.log") 2>&1 &
+driver_pid=$!
+status=0
+wait "$driver_pid" || status=$?
+driver_pid=""
+echo "[hacpo] driver exited with status $status (job time ${SECONDS} s)"
+exit "$status"
