@@ -1,22 +1,49 @@
-"""Held-out accuracy of every agent: greedy decoding (avg@1) on the eval split, scored by the verifier."""
+"""Held-out evaluation during training: greedy avg@1 of every agent (the run's accuracy), and with
+`runtime.eval_samples = n > 0` also n sampled responses per problem → avg@n and unbiased pass@k.
+
+Scoring goes through `nemo_hacpo.eval` (the same code as `recipes/evaluate.py`); generation through each
+agent's own rollout engine, all agents at once. Sampled evaluation uses seeds derived from the run seed and
+the step, so it is reproducible and does not disturb the training samples' seeds.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from nemo_hacpo.config import HacpoConfig
 from nemo_hacpo.data import MathProblem, problem_to_messages
+from nemo_hacpo.eval.metrics import default_pass_ks
+from nemo_hacpo.eval.runner import evaluate_responses
+from nemo_hacpo.rollout.sampling import call_base_seed
+
+EVAL_SEED_OFFSET = 7919
+"""Added to an agent's seed for sampled evaluation (keeps eval draws apart from training draws)."""
 
 
-def evaluate_agents(groups, problems: list[MathProblem], cfg: HacpoConfig) -> dict[str, float]:
-    """`{agent: accuracy}` of greedy answers to `problems` (all agents generate at once)."""
+def _scored(generated: dict[str, Any], problems: list[MathProblem], ks: tuple[int, ...], scorer):
+    groups = generated["responses"]
+    return evaluate_responses([[r["text"] for r in group] for group in groups], problems, ks, scorer=scorer,
+                              num_tokens=[[len(r["token_ids"]) for r in group] for group in groups],
+                              finish_reasons=[[r["finish_reason"] for r in group] for group in groups])
+
+
+def evaluate_agents(groups, problems: list[MathProblem], cfg: HacpoConfig, step: int = 0) -> dict[str, dict[str, float]]:
+    """`{agent: {"accuracy": greedy avg@1, "response_length": …, "truncation_rate": …, ["avg@n", "pass@k", …]}}`."""
     from nemo_hacpo.rewards import MathRewardScorer
 
     messages = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
-    futures = {name: group.actors[0].generate.remote(messages, 1, True) for name, group in groups.items()}
-    golds = [p.answer for p in problems]
-    accuracy = {}
+    n = cfg.runtime.eval_samples
+    greedy = {name: group.actors[0].generate.remote(messages, 1, True) for name, group in groups.items()}
+    sampled = {name: group.actors[0].generate.remote(messages, n, False,
+                                                     call_base_seed(group.seed + EVAL_SEED_OFFSET, step))
+               for name, group in groups.items()} if n > 0 else {}
+    out: dict[str, dict[str, float]] = {}
     with MathRewardScorer(num_workers=0, timeout_s=cfg.reward.timeout_s, strict=cfg.reward.strict) as scorer:
-        for name, future in futures.items():
-            generated = groups[name].get([future], "evaluate")[0]
-            texts = [group[0]["text"] for group in generated["responses"]]
-            accuracy[name] = scorer.score(texts, golds).accuracy
-    return accuracy
+        for name, future in greedy.items():
+            scored = _scored(groups[name].get([future], "evaluate")[0], problems, (), scorer)
+            out[name] = {"accuracy": scored.avg(), "response_length": scored.response_tokens_mean(),
+                         "truncation_rate": scored.truncation_rate()}
+        for name, future in sampled.items():
+            scored = _scored(groups[name].get([future], "evaluate")[0], problems, default_pass_ks(n), scorer)
+            out[name].update(scored.metrics())
+    return out

@@ -195,9 +195,14 @@ class HacpoRun:
 
     # ----------------------------------------------------------------------------------------------- run
     def evaluate(self) -> dict[str, float]:
-        accuracy = evaluate_agents(self.groups, self.eval_problems, self.cfg)
-        self.eval_history.append({"step": self.step, **accuracy})
-        return {f"{a}/eval_accuracy": acc for a, acc in accuracy.items()}
+        """Held-out greedy accuracy (`<agent>/eval_accuracy`) and, with runtime.eval_samples, avg@n / pass@k."""
+        results = evaluate_agents(self.groups, self.eval_problems, self.cfg, self.step)
+        self.eval_history.append({"step": self.step, **{a: r["accuracy"] for a, r in results.items()}})
+        metrics = {}
+        for agent, result in results.items():
+            metrics[f"{agent}/eval_accuracy"] = result["accuracy"]
+            metrics.update({f"{agent}/eval/{k}": v for k, v in result.items() if k != "accuracy"})
+        return metrics
 
     def fit(self) -> int:
         from nemo_hacpo.rewards import MathRewardScorer

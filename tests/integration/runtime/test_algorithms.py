@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TINY = ["runtime.steps=2", "runtime.checkpoint_interval=0", "runtime.eval_interval=0", "runtime.logging=[jsonl]",
         "runtime.save_hf=false", "warmstart.enabled=false", "algo.batch_size=2", "algo.group_size=2",
-        "algo.updates_per_step=2", "data.eval.size=2", "reward.num_workers=0"]
+        "algo.updates_per_step=2", "data.eval.size=2", "runtime.eval_samples=2", "reward.num_workers=0"]
 B, G = 2, 2
 
 
@@ -54,7 +54,9 @@ def _check(last: dict, agents: list[str], *, shares: bool, samples: int, loss_ke
             assert f"{a}/{key}" in last, key
         for key in loss_keys:
             assert f"{a}/train/{key}" in last, key
-        assert f"{a}/eval_accuracy" in last
+        for key in ("eval_accuracy", "eval/avg@2", "eval/pass@1", "eval/pass@2", "eval/response_length"):
+            assert f"{a}/{key}" in last, key
+        assert last[f"{a}/eval/pass@2"] >= last[f"{a}/eval/pass@1"] == pytest.approx(last[f"{a}/eval/avg@2"])
     for phase in ("generate", "reward", "logprob", "broker", "train", "refit"):
         assert last[f"time/{phase}_s"] >= 0
 
