@@ -548,6 +548,24 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
                                    f"choose dp · micro_batch_size dividing {per_update}"))
 
 
+def _check_engines(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
+    """Colocated engines use the trainer's GPUs: vLLM TP groups of T consecutive ranks on one node."""
+    if cfg.runtime.cluster.device != "cuda":
+        return
+    key, tp, world = f"agents[{i}].rollout", agent.rollout.tensor_parallel_size, agent.parallel.world_size
+    if not agent.rollout.colocated:
+        out.append(ConfigIssue(f"{key}.colocated", "engines on separate GPUs are not placed by the runtime yet",
+                               "use rollout.colocated: true (engines sleep while their GPUs train)"))
+    elif world % tp:
+        out.append(ConfigIssue(f"{key}.tensor_parallel_size", f"{tp} does not divide the agent's {world} trainer "
+                               "ranks (each engine runs on the GPUs of T consecutive ranks)",
+                               "choose a divisor of tp·pp·cp·dp"))
+    elif cfg.runtime.cluster.gpus_per_node and cfg.runtime.cluster.gpus_per_node % tp:
+        out.append(ConfigIssue(f"{key}.tensor_parallel_size", f"{tp} does not divide gpus_per_node="
+                               f"{cfg.runtime.cluster.gpus_per_node} (a vLLM TP group must stay on one node)",
+                               "choose a divisor of the GPUs per node"))
+
+
 def _check_offload(i: int, agent: AgentConfig, out: list[ConfigIssue]) -> None:
     if agent.offload_reference and agent.precision.fp8_param:
         out.append(ConfigIssue(f"agents[{i}].offload_reference", "not supported with precision.fp8_param",
@@ -675,6 +693,7 @@ def validate(raw: Any) -> HacpoConfig:
     for i, agent in enumerate(cfg.agents):
         _check_agent(i, agent, cfg, issues)
         _check_offload(i, agent, issues)
+        _check_engines(i, agent, cfg, issues)
     _check_resources(cfg, issues)
     _check_runtime(cfg.runtime, issues)
     if cfg.warmstart.enabled and (cfg.warmstart.steps < 1 or cfg.warmstart.batch_size < 1 or cfg.warmstart.lr <= 0):

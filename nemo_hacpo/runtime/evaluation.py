@@ -33,17 +33,16 @@ def evaluate_agents(groups, problems: list[MathProblem], cfg: HacpoConfig, step:
 
     messages = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
     n = cfg.runtime.eval_samples
-    greedy = {name: group.actors[0].generate.remote(messages, 1, True) for name, group in groups.items()}
-    sampled = {name: group.actors[0].generate.remote(messages, n, False,
-                                                     call_base_seed(group.seed + EVAL_SEED_OFFSET, step))
+    greedy = {name: group.submit_generate(messages, 1, greedy=True) for name, group in groups.items()}
+    sampled = {name: group.submit_generate(messages, n, seed=call_base_seed(group.seed + EVAL_SEED_OFFSET, step))
                for name, group in groups.items()} if n > 0 else {}
     out: dict[str, dict[str, float]] = {}
     with MathRewardScorer(num_workers=0, timeout_s=cfg.reward.timeout_s, strict=cfg.reward.strict) as scorer:
         for name, future in greedy.items():
-            scored = _scored(groups[name].get([future], "evaluate")[0], problems, (), scorer)
+            scored = _scored(groups[name].collect_generate(future, "evaluate"), problems, (), scorer)
             out[name] = {"accuracy": scored.avg(), "response_length": scored.response_tokens_mean(),
                          "truncation_rate": scored.truncation_rate()}
         for name, future in sampled.items():
-            scored = _scored(groups[name].get([future], "evaluate")[0], problems, default_pass_ks(n), scorer)
+            scored = _scored(groups[name].collect_generate(future, "evaluate"), problems, default_pass_ks(n), scorer)
             out[name].update(scored.metrics())
     return out

@@ -61,12 +61,16 @@ class AgentGroup:
         world = agent.parallel.world_size
         on_gpu = device == "cuda"
         bundles = [{"CPU": 1, "GPU": 1} if on_gpu else {"CPU": 1} for _ in range(world)]
+        # on GPU every actor sees its node's devices (it picks its own from ray.get_gpu_ids()), so a rank can
+        # hand the GPUs of its vLLM TP group to its engine (runtime.placement)
+        runtime_env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if on_gpu else None
         self.placement = placement_group(bundles, strategy="PACK", name=f"hacpo-{agent.name}")
         ray.get(self.placement.ready(), timeout=600)
         actor_cls = ray.remote(AgentRank)
         self.actors = [
             actor_cls.options(
                 num_cpus=1, num_gpus=1 if on_gpu else 0, name=f"hacpo-{agent.name}-rank{rank}",
+                runtime_env=runtime_env,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
             ).remote(agent, algo, rank, seed=seed, run_dir=run_dir, total_updates=total_updates,
                      collective_timeout_s=collective_timeout_s)
@@ -86,6 +90,35 @@ class AgentGroup:
         if not self.info:
             self.info = self.get(self._setup, "setup")
         return self.info
+
+    @property
+    def engine_ranks(self) -> list[int]:
+        """Ranks that own a vLLM engine (rank 0 on CPU; one per vLLM TP group on CUDA)."""
+        ranks = [info["rank"] for info in self.wait_ready() if info.get("engine") is not None]
+        if not ranks:
+            raise WorkerFailure(f"agent {self.agent.name!r} has no rollout engine (started without engines)")
+        return ranks
+
+    def submit_generate(self, prompts: list[list[dict]], n: int, greedy: bool = False, seed: int | None = None,
+                        sleep_after: bool = False) -> list[tuple[int, Any]]:
+        """Start generation on every engine, each on a contiguous slice of the prompts with the seeds a single
+        engine would use (`runtime.placement.split_batch`); returns `(rank, future)` pairs for `collect_generate`."""
+        from nemo_hacpo.rollout.sampling import SEED_MODULUS
+        from nemo_hacpo.runtime.placement import split_batch
+
+        ranks = self.engine_ranks
+        futures = []
+        for rank, (start, stop) in zip(ranks, split_batch(len(prompts), len(ranks)), strict=False):
+            slice_seed = None if seed is None else (seed + start * n) % SEED_MODULUS
+            futures.append((rank, self.actors[rank].generate.remote(prompts[start:stop], n, greedy, slice_seed,
+                                                                   sleep_after)))
+        return futures
+
+    def collect_generate(self, futures: list[tuple[int, Any]], what: str = "generate") -> dict[str, Any]:
+        """The engines' results, merged in prompt order."""
+        from nemo_hacpo.runtime.placement import merge_generations
+
+        return merge_generations(self.get([f for _, f in futures], what, ranks=[r for r, _ in futures]))
 
     # ---------------------------------------------------------------------------------------------- calls
     def get(self, futures: Sequence[Any], what: str, ranks: Sequence[int] | None = None,

@@ -135,9 +135,10 @@ class HacpoRun:
         messages = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
 
         # the step fixes the sampling seeds: a resumed run draws exactly what an uninterrupted one would
-        futures = {a: g.actors[0].generate.remote(messages, self.samples_per_prompt, False, call_base_seed(g.seed, step))
-                   for a, g in self.groups.items()}
-        generated = {a: self.groups[a].get([f], "generate")[0] for a, f in futures.items()}
+        # colocated GPU engines sleep after generating: their GPUs train next, and the refit wakes them
+        futures = {a: g.submit_generate(messages, self.samples_per_prompt, seed=call_base_seed(g.seed, step),
+                                        sleep_after=True) for a, g in self.groups.items()}
+        generated = {a: self.groups[a].collect_generate(f) for a, f in futures.items()}
         timings["generate_s"] = time.perf_counter() - tick
 
         tick = time.perf_counter()

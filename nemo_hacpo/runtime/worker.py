@@ -27,6 +27,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _assigned_gpu() -> int | None:
+    """The GPU Ray gave this actor (its index among the node's devices; actors see every GPU of their node,
+    `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`), or None outside Ray / on CPU."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import ray
+
+        ids = ray.get_gpu_ids() if ray.is_initialized() else []
+    except Exception:  # noqa: BLE001 - not inside a Ray worker
+        return None
+    return int(ids[0]) if ids else None
+
+
 class AgentRank:
     """Rank `rank` of agent `agent.name`. Call `setup` (collective) before anything else."""
 
@@ -37,6 +51,7 @@ class AgentRank:
         self.seed, self.run_dir, self.total_updates = seed, Path(run_dir), total_updates
         self.trainer: Any = None
         self.engine: Any = None
+        self.engine_gpus: list[int] | None = None
         self.tokenizer: Any = None
         self.arch: Any = None
 
@@ -60,7 +75,10 @@ class AgentRank:
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         world = self.agent.parallel.world_size
-        init_distributed(self.rank, world, master_addr, master_port, timeout_s=self.collective_timeout_s)
+        gpu = _assigned_gpu()
+        init_distributed(self.rank, world, master_addr, master_port, timeout_s=self.collective_timeout_s,
+                         local_rank=gpu)
+        self.engine_gpus = self._engine_gpus(gpu)
         source = self.agent.tokenizer.source
         self.tokenizer = load_tokenizer(self.agent.model.path if source == "model" else source)
         self.arch = model_arch(self.agent, len(self.tokenizer))
@@ -79,6 +97,20 @@ class AgentRank:
             info["engine"] = self.start_engine()
         return info
 
+    def _engine_gpus(self, gpu: int | None) -> list[int] | None:
+        """Collective: the GPUs of this rank's engine ([] on CPU), or None when this rank owns no engine."""
+        import torch.distributed as dist
+
+        from nemo_hacpo.runtime.placement import engine_layout
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        hosts: list[Any] = [None] * dist.get_world_size()
+        gpus: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(hosts, socket.gethostname())
+        dist.all_gather_object(gpus, gpu if gpu is not None else torch.cuda.current_device() if device == "cuda" else None)
+        layout = engine_layout(hosts, gpus, self.agent.rollout.tensor_parallel_size, device)
+        return layout.get(self.rank)
+
     def load_weights(self, path: str) -> None:
         """Initial weights from an HF checkpoint dir or a trainer checkpoint dir (model + optimizer state)."""
         from nemo_hacpo.models.hf_conversion import load_hf_into_megatron
@@ -95,29 +127,47 @@ class AgentRank:
                                     "(expected an HF checkpoint or a trainer checkpoint directory)")
 
     def start_engine(self) -> dict[str, float] | None:
-        """Rank 0: save the current weights as an HF checkpoint and start vLLM on it (once per run)."""
+        """Collective: save the current weights as an HF checkpoint; engine ranks start vLLM on it (once per run).
+
+        On CUDA the engine of rank r runs on the GPUs of ranks r .. r+T−1 (`runtime.placement`): they are made
+        the only visible devices of the engine's processes, and the engine sleeps while they train."""
         from nemo_hacpo.rollout import RolloutEngine
 
         hf_dir = self.save_hf(str(self.run_dir / "engines" / self.agent.name))
-        if self.rank != 0:
+        if self.engine_gpus is None:
             return None
-        self.engine = RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed)
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if self.engine_gpus:  # CUDA: the engine's (spawned) processes see exactly its GPUs
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.engine_gpus)
+        try:
+            self.engine = RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed)
+        finally:
+            if self.engine_gpus:
+                if saved is None:
+                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = saved
         return self.engine.stats
 
     # --------------------------------------------------------------------------------------- generation
     def generate(self, prompts: list[list[dict]], n: int, greedy: bool = False,
-                 seed: int | None = None) -> dict[str, Any]:
-        """Rank 0: G = n responses per prompt. Returns plain data (Ray ships it to the driver).
+                 seed: int | None = None, sleep_after: bool = False) -> dict[str, Any]:
+        """Engine ranks: G = n responses per prompt. Returns plain data (Ray ships it to the driver).
 
         `seed`: the call's base seed (the loop derives it from the agent's seed and the step, so a resumed run
         samples exactly what an uninterrupted one does); None = the engine's own call counter.
+        `sleep_after`: release the engine's GPU memory afterwards (colocated CUDA engines before training; the
+        next refit brings the weights back). A no-op on CPU.
         """
         from nemo_hacpo.rollout.sampling import SamplingSettings
 
         if self.engine is None:
             raise RuntimeError(f"agent {self.agent.name!r} rank {self.rank} owns no rollout engine")
         sampling = SamplingSettings(temperature=0.0) if greedy else None
+        self.engine.wake_up()
         result = self.engine.generate(prompts, n, sampling=sampling, seed=seed)
+        if sleep_after and self.engine.settings.enable_sleep_mode:
+            self.engine.sleep(level=2)  # weights and KV cache dropped: the refit after training rewrites them
         return {
             "prompt_token_ids": [list(ids) for ids in result.prompt_token_ids],
             "responses": [[{"token_ids": list(r.token_ids), "text": r.text, "finish_reason": r.finish_reason,
@@ -147,7 +197,9 @@ class AgentRank:
             for _ in weights:  # every rank runs the gather in step; only rank 0 has an engine to feed
                 pass
             return {}
+        self.engine.wake_up(["weights"])  # colocated CUDA: re-allocate the weights only, then the KV cache
         self.engine.refit(weights)
+        self.engine.wake_up(["kv_cache"])
         return {key: float(value) for key, value in self.engine.stats.items() if key.startswith("last_refit")}
 
     def sft(self, prompts: list[list[dict]] | None, solutions: list[str] | None, steps: int, batch_size: int,

@@ -335,3 +335,15 @@ def test_reference_offload_rejects_fp8_params_and_packing_is_a_layout_switch():
     assert "agents[0].offload_reference" in str(err.value)
     cfg = load_config("pair_tiny", ["agents.1.parallel.sequence_packing=true", "agents.1.offload_reference=true"])
     assert cfg.agents[1].parallel.sequence_packing and cfg.agents[1].offload_reference
+
+
+def test_gpu_engines_must_be_colocated_and_tile_the_trainer_ranks():
+    base = ["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=8", "runtime.cluster.num_nodes=1",
+            "agents.0.parallel.dp=4", "agents.1.parallel.dp=2", "agents.0.parallel.micro_batch_size=2",
+            "agents.1.parallel.micro_batch_size=2"]
+    load_config("pair_tiny", [*base, "agents.0.rollout.tensor_parallel_size=2"])  # 4 ranks, 2 engines of TP 2
+    with pytest.raises(ConfigError) as err:
+        load_config("pair_tiny", [*base, "agents.0.rollout.tensor_parallel_size=3", "agents.1.rollout.colocated=false"])
+    text = str(err.value)
+    assert "agents[0].rollout.tensor_parallel_size: 3 does not divide the agent's 4 trainer ranks" in text
+    assert "agents[1].rollout.colocated" in text
