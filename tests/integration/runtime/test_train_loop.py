@@ -8,8 +8,10 @@ models learn (that is what `python recipes/train.py` shows, see the README).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import torch
 
 from nemo_hacpo.broker import read_jsonl
 from nemo_hacpo.config import load_config
@@ -18,6 +20,7 @@ from nemo_hacpo.runtime.checkpoint import latest_checkpoint
 from nemo_hacpo.runtime.datasets import load_split
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _config(out_dir, steps):
@@ -66,3 +69,17 @@ def test_two_steps_with_checkpoint_and_exact_resume(tmp_path):
         assert ids == set(expected[step - 1])
     assert "| llama_tiny |" in (out / "summary.md").read_text()
     assert (out / "reward_curve.png").is_file() and (out / "eval_accuracy.png").is_file()
+
+    # the HF export command on the final checkpoint reproduces the run's own final export, tensor for tensor
+    import importlib.util
+
+    from safetensors.torch import load_file
+
+    spec = importlib.util.spec_from_file_location("export_hf", REPO / "recipes" / "export_hf.py")
+    export_hf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(export_hf)
+    assert export_hf.main(["--run", str(out), "--step", "2", "--agent", "gpt_tiny", "--out", str(tmp_path / "x")]) == 0
+    exported = load_file(tmp_path / "x" / "gpt_tiny" / "model.safetensors")
+    final = load_file(out / "hf" / "gpt_tiny" / "model.safetensors")
+    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
+    assert export_hf.main(["--run", str(out), "--step", "7"]) == 2  # no such checkpoint: a clear error
