@@ -201,7 +201,11 @@ class HacpoRun:
     def evaluate(self) -> dict[str, float]:
         """Held-out greedy accuracy (`<agent>/eval_accuracy`) and, with runtime.eval_samples, avg@n / pass@k."""
         results = evaluate_agents(self.groups, self.eval_problems, self.cfg, self.step)
-        self.eval_history.append({"step": self.step, **{a: r["accuracy"] for a, r in results.items()}})
+        record: dict[str, Any] = {"step": self.step, **{a: r["accuracy"] for a, r in results.items()}}
+        n = self.cfg.runtime.eval_samples
+        if n > 0:  # sampled accuracy (avg@n) and pass@n, for the final table
+            record["sampled"] = {a: {k: r[k] for k in (f"avg@{n}", f"pass@{n}")} for a, r in results.items()}
+        self.eval_history.append(record)
         metrics = {}
         for agent, result in results.items():
             metrics[f"{agent}/eval_accuracy"] = result["accuracy"]
@@ -253,9 +257,15 @@ class HacpoRun:
     def report(self) -> str:
         """Per-agent table (start vs end held-out accuracy, rollouts, sequences) + reward and accuracy plots."""
         first, last = self.eval_history[0], self.eval_history[-1]
-        rows = [{"agent": a, "eval_accuracy_start": first[a], "eval_accuracy_end": last[a],
-                 "rollouts_generated": self.totals[a]["rollouts_generated"],
-                 "sequences_trained": self.totals[a]["sequences_trained"]} for a in self.agents]
+        rows = []
+        for a in self.agents:
+            row = {"agent": a, "eval_accuracy_start": first[a], "eval_accuracy_end": last[a]}
+            if "sampled" in first and "sampled" in last:  # runtime.eval_samples: avg@n and pass@n, start → end
+                for key in first["sampled"][a]:
+                    row[f"{key}_start"], row[f"{key}_end"] = first["sampled"][a][key], last["sampled"][a][key]
+            row.update(rollouts_generated=self.totals[a]["rollouts_generated"],
+                       sequences_trained=self.totals[a]["sequences_trained"])
+            rows.append(row)
         table = markdown_table(rows, list(rows[0]))
         (self.out_dir / "summary.md").write_text(f"# {self.cfg.algo.name}: {self.step} steps\n\n{table}\n")
         metrics_file = self.out_dir / "metrics.jsonl"

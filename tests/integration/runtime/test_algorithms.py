@@ -34,6 +34,8 @@ def _run(tmp_path, config: str, n_agents: int, extra: list[str]) -> dict:
     assert train(cfg) == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
+    header = (out / "summary.md").read_text().splitlines()[2]  # the table's header row
+    assert "eval_accuracy_start" in header and "avg@2_start" in header and "pass@2_end" in header
     return records[-1]
 
 
