@@ -123,15 +123,18 @@ class BrokerStep:
 
 
 def advantage_stats(view: LearnerView) -> dict[str, float]:
-    """Mean / std / min / max of the advantages of the view's own and cross rows (`adv/self_mean`, ...), the
-    fraction of rows with A = 0 (groups with equal rewards carry no signal) and the mean ω of cross rows
-    (`adv/cross_omega_mean`)."""
+    """Mean / std / min / max of the advantages of the view's own rows and other agents' rows (`adv/self_mean`,
+    `adv/cross_mean`, ...), the fraction of rows with A = 0 (groups with equal rewards carry no signal) and the
+    mean ω of other agents' rows (`adv/cross_omega_mean`)."""
     out: dict[str, float] = {}
     if len(view) == 0:
         return out
     adv = view.advantages.double()
     out["adv/zero_frac"] = float((adv == 0).double().mean())
-    for kind, rows in (("self", ~view.is_cross), ("cross", view.is_cross)):
+    # own rows come first (`counts["self_rows"]` of them), other agents' after — whatever the loss makes of
+    # them (naive sharing treats every row as its own)
+    others = torch.arange(len(view)) >= view.counts.get("self_rows", len(view))
+    for kind, rows in (("self", ~others), ("cross", others)):
         values = adv[rows]
         if values.numel() == 0:
             continue
@@ -139,8 +142,8 @@ def advantage_stats(view: LearnerView) -> dict[str, float]:
         out[f"adv/{kind}_std"] = float(values.std(unbiased=False))
         out[f"adv/{kind}_min"] = float(values.min())
         out[f"adv/{kind}_max"] = float(values.max())
-    if bool(view.is_cross.any()):
-        out["adv/cross_omega_mean"] = float(view.omega[view.is_cross].double().mean())
+    if bool(others.any()):
+        out["adv/cross_omega_mean"] = float(view.omega[others].double().mean())
     return out
 
 

@@ -233,12 +233,16 @@ def test_advantage_stats_hand_computed():
         is_cross=torch.tensor([False, False, False, True, True]),
         omega=torch.tensor([1.0, 1.0, 1.0, 0.5, 0.25]),
         behaviour_mean_logprob=torch.zeros(n), source=torch.tensor([0, 0, 0, 1, 1]),
-        prompt_index=torch.zeros(n, dtype=torch.long), rewards=torch.zeros(n), truncated=torch.zeros(n, dtype=torch.bool))
+        prompt_index=torch.zeros(n, dtype=torch.long), rewards=torch.zeros(n), truncated=torch.zeros(n, dtype=torch.bool),
+        counts={"self_rows": 3, "cross_rows": 2})
     stats = advantage_stats(view)
     # self rows: [1, -1, 0] -> mean 0, population std sqrt(2/3); cross rows: [2, 0] -> mean 1, std 1
     assert stats["adv/self_mean"] == 0.0 and abs(stats["adv/self_std"] - (2 / 3) ** 0.5) < 1e-12
     assert (stats["adv/self_min"], stats["adv/self_max"]) == (-1.0, 1.0)
     assert stats["adv/cross_mean"] == 1.0 and stats["adv/cross_std"] == 1.0
     assert stats["adv/zero_frac"] == 2 / 5 and stats["adv/cross_omega_mean"] == 0.375
-    own_only = LearnerView(**{**view.__dict__, "is_cross": torch.zeros(n, dtype=torch.bool)})
+    # naive sharing: the loss treats every row as its own (is_cross all false), the statistics still split by source
+    naive = LearnerView(**{**view.__dict__, "is_cross": torch.zeros(n, dtype=torch.bool)})
+    assert advantage_stats(naive) == stats
+    own_only = LearnerView(**{**view.__dict__, "counts": {"self_rows": 5, "cross_rows": 0}})
     assert "adv/cross_mean" not in advantage_stats(own_only) and "adv/cross_omega_mean" not in advantage_stats(own_only)
