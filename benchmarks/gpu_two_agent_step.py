@@ -137,18 +137,20 @@ def step_config(args: argparse.Namespace, out_dir: str):
 
 
 def start_shared_agents(run, gpu_fraction: float) -> None:
-    """Start every agent of `run` as a `SharedGpuGroup`, one after the other, then the run's HACPO broker.
+    """Start every agent of `run` on a fraction of the one GPU, one after the other, then the run's HACPO broker.
 
     One after the other: vLLM profiles the GPU's free memory at start-up, which must not move under it.
     """
     from nemo_hacpo.broker import Broker, LearnerTokenizer
     from nemo_hacpo.models.tokenizers import load_tokenizer
+    from nemo_hacpo.runtime.groups import AgentGroup
 
     cfg = run.cfg
     tick = time.perf_counter()
     for i, agent in enumerate(cfg.agents):
-        group = SharedGpuGroup(agent, cfg.algo, seed=cfg.runtime.seed + 1000 * i, run_dir=str(run.out_dir),
-                               total_updates=cfg.runtime.steps * cfg.algo.updates_per_step, gpu_fraction=gpu_fraction)
+        group = AgentGroup(agent, cfg.algo, seed=cfg.runtime.seed + 1000 * i, run_dir=str(run.out_dir),
+                           total_updates=cfg.runtime.steps * cfg.algo.updates_per_step, device="cuda",
+                           gpus_per_rank=gpu_fraction)
         run.groups[agent.name] = group
         print(f"# {agent.name}: {group.wait_ready()[0]}", flush=True)
     print(f"# agents ready in {time.perf_counter() - tick:.0f} s", flush=True)
@@ -190,57 +192,6 @@ def run_step_part(args: argparse.Namespace, peak: float | None) -> list[dict[str
         finally:
             run.close()
             ray.shutdown()
-
-
-class SharedGpuGroup:
-    """A one-rank agent whose actor holds a fraction of the single GPU (no placement group).
-
-    The runtime's `AgentGroup` gives every rank a whole GPU of its own; here two agents share one, as on a
-    single-GPU box. It offers what `HacpoRun` calls on a group: `agent`, `actors`, `get`, `call_all`,
-    `wait_ready`, `shutdown`.
-    """
-
-    def __init__(self, agent: AgentConfig, algo, *, seed: int, run_dir: str, total_updates: int,
-                 gpu_fraction: float):
-        import ray
-
-        from nemo_hacpo.runtime.worker import AgentRank
-
-        self.agent, self.seed = agent, seed
-        actor = ray.remote(AgentRank).options(num_cpus=1, num_gpus=gpu_fraction, name=f"bench-{agent.name}").remote(
-            agent, algo, 0, seed=seed, run_dir=run_dir, total_updates=total_updates)
-        self.actors = [actor]
-        address, port = self.get([actor.address.remote()], "address")[0]
-        self._setup = [actor.setup.remote(address, port, None, True, None)]
-        self.info: list[dict] = []
-
-    def get(self, futures, what: str, ranks=None) -> list:
-        """`ray.get`, naming the agent of a failure (as `AgentGroup.get` does)."""
-        import ray
-
-        from nemo_hacpo.runtime.groups import WorkerFailure
-
-        try:
-            return [ray.get(future) for future in futures]
-        except Exception as err:  # RayTaskError / RayActorError wrap the worker's exception
-            raise WorkerFailure(f"agent {self.agent.name!r} failed in {what}: {type(err).__name__}: {err}") from err
-
-    def call_all(self, method: str, *args) -> list:
-        return [getattr(actor, method).remote(*args) for actor in self.actors]
-
-    def wait_ready(self) -> list[dict]:
-        if not self.info:
-            self.info = self.get(self._setup, "setup")
-        return self.info
-
-    def shutdown(self, timeout_s: float = 120.0) -> None:
-        import ray
-
-        try:
-            ray.get([actor.shutdown.remote() for actor in self.actors], timeout=timeout_s)
-        finally:
-            for actor in self.actors:
-                ray.kill(actor)
 
 
 # --------------------------------------------------------------------------------- part 2: train only

@@ -50,7 +50,9 @@ class AgentGroup:
 
     def __init__(self, agent: AgentConfig, algo: AlgoConfig, *, seed: int, run_dir: str, total_updates: int,
                  device: str, init_weights: str | None = None, start_engine: bool = True,
-                 resume_from: str | None = None, call_timeout_s: float = 3600.0, collective_timeout_s: float = 1800.0):
+                 resume_from: str | None = None, call_timeout_s: float = 3600.0, collective_timeout_s: float = 1800.0,
+                 gpus_per_rank: float = 1.0):
+        """`gpus_per_rank` < 1 lets several agents share a GPU (one-GPU benchmarks); clusters use 1."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -60,7 +62,7 @@ class AgentGroup:
         self.call_timeout_s = call_timeout_s
         world = agent.parallel.world_size
         on_gpu = device == "cuda"
-        bundles = [{"CPU": 1, "GPU": 1} if on_gpu else {"CPU": 1} for _ in range(world)]
+        bundles = [{"CPU": 1, "GPU": gpus_per_rank} if on_gpu else {"CPU": 1} for _ in range(world)]
         # on GPU every actor sees its node's devices (it picks its own from ray.get_gpu_ids()), so a rank can
         # hand the GPUs of its vLLM TP group to its engine (runtime.placement)
         runtime_env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if on_gpu else None
@@ -69,7 +71,7 @@ class AgentGroup:
         actor_cls = ray.remote(AgentRank)
         self.actors = [
             actor_cls.options(
-                num_cpus=1, num_gpus=1 if on_gpu else 0, name=f"hacpo-{agent.name}-rank{rank}",
+                num_cpus=1, num_gpus=gpus_per_rank if on_gpu else 0, name=f"hacpo-{agent.name}-rank{rank}",
                 runtime_env=runtime_env,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
             ).remote(agent, algo, rank, seed=seed, run_dir=run_dir, total_updates=total_updates,
