@@ -69,7 +69,7 @@ BASELINES = [
     ("gspo", [], False, G, SEQUENCE),
     ("gspo_x2", [], False, 2 * G, SEQUENCE),
     ("grpo", [], False, G, ("policy_loss", "ratio_mean", "clip_active_frac", "approx_kl")),
-    ("naive", [], True, G, SHARED),
+    ("naive", [], True, G, SEQUENCE),  # naive: every row trained as the learner's own (no cross terms)
     ("hacpo", ["algo.ablation.capability_baseline=false", "algo.ablation.gradient_modulation=false",
                "algo.ablation.cross_clip=false"], True, G, SHARED),
 ]

@@ -57,12 +57,12 @@ def test_sigkill_mid_step_then_resume_equals_uninterrupted(tmp_path):
         while latest_checkpoint(killed) is None or latest_checkpoint(killed).step < 2:
             assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "the run did not reach its step-2 checkpoint in time"
-            time.sleep(0.2)
-        time.sleep(1.0)  # now inside step 3 (generation)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and everything it started, without warning
+            time.sleep(0.02)
+    finally:  # now inside step 3: the driver and everything it started die without warning
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert 3 not in _records(killed)
+    # step 3 may have been logged already, but its checkpoint was not written: the resume re-runs it
+    assert latest_checkpoint(killed).step == 2
 
     reference = tmp_path / "uninterrupted"
     try:

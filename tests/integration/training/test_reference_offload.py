@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nemo_hacpo.config import AgentConfig, AlgoConfig, OptimizerConfig
+from nemo_hacpo.config import AlgoConfig, OptimizerConfig
 from tests.helpers.megatron_setup import gloo_world_of_one
 from tests.integration.training.tiny_setup import (
     TIMING_METRICS,
@@ -128,18 +128,11 @@ def test_no_reference_model_without_beta(world: None) -> None:
         trainer.close()
 
 
-@dataclasses.dataclass(frozen=True)
-class OffloadAgentConfig(AgentConfig):
-    """An `AgentConfig` with the field the lead adds to nemo_hacpo/config.py."""
-
-    offload_reference: bool = True
-
-
 def test_the_switch_is_read_from_the_agent_config_and_survives_a_checkpoint(world: None, tmp_path: Path) -> None:
     from nemo_hacpo.training import MegatronTrainer
 
     base = dataclasses.replace(tiny_agent(), optimizer=SGD)
-    agent = OffloadAgentConfig(**{f.name: getattr(base, f.name) for f in dataclasses.fields(AgentConfig)})
+    agent = dataclasses.replace(base, offload_reference=True)  # the config field, not a trainer argument
     trainer = MegatronTrainer(agent, tiny_arch(agent), seed=1234, reference_model=True)
     try:
         assert trainer.reference_offload is not None
