@@ -26,6 +26,16 @@ logger = logging.getLogger(__name__)
 MARKER = "nemo_hacpo_warmstart.json"
 
 
+def _tokenizer_fingerprint(agent: AgentConfig) -> str | None:
+    """The cached directory name of a named tokenizer source: it carries the recipe fingerprint, so a
+    retrained tiny tokenizer (another vocabulary) never reuses weights warm-started on the old one.
+    Local directories and `model` are already named by their path in the key."""
+    from nemo_hacpo.models.tokenizers import TOKENIZER_SOURCES, tokenizer_path
+
+    source = agent.tokenizer.source
+    return tokenizer_path(source).name if source in TOKENIZER_SOURCES else None
+
+
 def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
     optimizer = dataclasses.asdict(agent.optimizer)
     for unused in ("lr", "min_lr", "lr_warmup_steps", "lr_decay_style"):  # the warm start sets its own schedule
@@ -33,7 +43,7 @@ def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
     shaping = {"model": dataclasses.asdict(agent.model), "tokenizer": dataclasses.asdict(agent.tokenizer),
                "lengths": [agent.max_prompt_length, agent.max_response_length], "optimizer": optimizer,
                "warmstart": dataclasses.asdict(cfg.warmstart), "system_prompt": cfg.data.system_prompt,
-               "version": 1}
+               "tokenizer_files": _tokenizer_fingerprint(agent), "version": 1}
     for unused in ("cache_dir", "progress_interval"):  # where it is kept and how it reports do not shape it
         shaping["warmstart"].pop(unused)
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]

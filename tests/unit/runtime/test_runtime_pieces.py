@@ -61,6 +61,19 @@ def test_warm_start_key_tracks_what_shapes_the_checkpoint():
     assert key != warm_start_key(base.agents[1], base)
 
 
+def test_warm_start_key_follows_the_tokenizer_recipe(monkeypatch, tmp_path):
+    """A retrained tiny tokenizer (new recipe → new vocabulary) must not reuse weights warm-started on the old
+    one: the key carries the tokenizer directory's recipe fingerprint."""
+    import nemo_hacpo.models.tokenizers as tokenizers
+
+    monkeypatch.setattr(tokenizers, "default_cache_dir", lambda: tmp_path)
+    base = load_config()
+    key = warm_start_key(base.agents[0], base)
+    assert key == warm_start_key(base.agents[0], base)
+    monkeypatch.setattr(tokenizers, "RECIPE_VERSION", tokenizers.RECIPE_VERSION + 1)
+    assert warm_start_key(base.agents[0], base) != key
+
+
 def test_dataset_sections(tmp_path):
     cfg = load_config("pair_tiny", ["data.train.size=30", "data.eval.size=10", "data.eval.limit=4"])
     train, held_out = load_split(cfg.data.train, "train"), load_split(cfg.data.eval, "eval")
