@@ -8,7 +8,7 @@
 One `HacpoRun` is started (Ray, one Megatron trainer and one vLLM engine per agent). After `--warmup` HACPO
 steps, steps alternate between HACPO and isolated GSPO in ABBA order (h g g h h g ...) so a slow drift of
 the machine falls on both equally. Both modes draw B prompts and generate G responses per prompt per agent
-(equal batch); switching swaps the run's algorithm config and broker between steps (HACPO: shared rollouts,
+(equal batch); `HacpoRun.use_algorithm` switches the algorithm config and broker between steps (HACPO: shared rollouts,
 re-encoding, n·B·G sequences per learner; GSPO: isolated, B·G). GSPO keeps its config's M (2 updates per
 step, as in the paper) unless `--equal-updates` gives it HACPO's M.
 
@@ -85,22 +85,6 @@ def step_timings(metrics: Mapping[str, float], step_s: float) -> dict[str, float
     return {**timings, "step_s": step_s}
 
 
-@dataclasses.dataclass
-class ModeState:
-    """What `HacpoRun.run_step` reads that differs between the two modes."""
-
-    algo: object  # AlgoConfig
-    broker: object  # Broker
-
-
-def use_mode(run, state: ModeState) -> None:
-    """Point the run at one mode's algorithm config and broker (read by the next `run_step`)."""
-    run.cfg = dataclasses.replace(run.cfg, algo=state.algo)
-    run.broker = state.broker
-    run.mode = state.broker.mode
-    run.samples_per_prompt = state.algo.samples_per_prompt
-
-
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config-name", default="pair_tiny")
@@ -141,8 +125,6 @@ def profile(cfg, gspo_algo, args: argparse.Namespace) -> int:
     """Start the run, time the steps, print the table; always stops the workers and Ray."""
     import ray
 
-    from nemo_hacpo.algo import CapabilityTracker
-    from nemo_hacpo.broker import Broker
     from nemo_hacpo.rewards import MathRewardScorer
     from nemo_hacpo.runtime.loop import HacpoRun
 
@@ -153,9 +135,7 @@ def profile(cfg, gspo_algo, args: argparse.Namespace) -> int:
         print(f"# started in {time.perf_counter() - start:.1f} s: agents {run.agents}, B={cfg.algo.batch_size}, "
               f"G={cfg.algo.group_size}, M hacpo={cfg.algo.updates_per_step} gspo={gspo_algo.updates_per_step}, "
               f"warm start {'on' if cfg.warmstart.enabled else 'off'}", flush=True)
-        isolated = Broker(run.agents, {}, mode="isolated", tracker=CapabilityTracker(run.agents),
-                          adv_eps=gspo_algo.adv_eps)
-        states = {"hacpo": ModeState(cfg.algo, run.broker), "gspo": ModeState(gspo_algo, isolated)}
+        algos = {"hacpo": cfg.algo, "gspo": gspo_algo}
         samples: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
         trained: dict[str, list[float]] = {m: [] for m in MODES}
         totals = dict.fromkeys(run.agents, 0.0)
@@ -163,7 +143,7 @@ def profile(cfg, gspo_algo, args: argparse.Namespace) -> int:
         scorer = MathRewardScorer(num_workers=reward.num_workers, timeout_s=reward.timeout_s, strict=reward.strict)
         with scorer:
             for i, mode in enumerate(["hacpo"] * args.warmup + abba_schedule(args.pairs)):
-                use_mode(run, states[mode])
+                run.use_algorithm(algos[mode])
                 tick = time.perf_counter()
                 metrics = run.run_step(scorer)
                 elapsed = time.perf_counter() - tick

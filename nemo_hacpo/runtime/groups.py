@@ -58,6 +58,7 @@ class AgentGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.agent = agent
+        self.algo = algo  # what the workers were built for (e.g. whether they keep a reference model)
         self.seed = seed
         self.call_timeout_s = call_timeout_s
         world = agent.parallel.world_size

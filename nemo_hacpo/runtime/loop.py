@@ -21,7 +21,7 @@ import torch
 
 from nemo_hacpo.algo import CapabilityTracker
 from nemo_hacpo.broker import AgentRollout, Broker, LearnerTokenizer, Trajectory, broker_mode, write_jsonl
-from nemo_hacpo.config import HacpoConfig, dump_config
+from nemo_hacpo.config import AlgoConfig, HacpoConfig, dump_config
 from nemo_hacpo.data import MathProblem, PromptDataset, problem_to_messages
 from nemo_hacpo.rollout.sampling import call_base_seed
 from nemo_hacpo.runtime.checkpoint import latest_checkpoint, save_run_checkpoint
@@ -85,6 +85,7 @@ class HacpoRun:
         self.totals = {a: {"rollouts_generated": 0, "sequences_trained": 0} for a in self.agents}
         self.eval_history: list[dict[str, Any]] = []
         self.groups: dict[str, AgentGroup] = {}
+        self._learners: dict[str, LearnerTokenizer] | None = None
 
     # ------------------------------------------------------------------------------------------ start-up
     def start(self) -> None:
@@ -114,17 +115,46 @@ class HacpoRun:
         for group in self.groups.values():
             info = group.wait_ready()
             logger.info("agent %s ready: %s", group.agent.name, info[0])
-        from nemo_hacpo.models.tokenizers import load_tokenizer
+        self.broker = self._make_broker(cfg.algo)
 
-        def tokenizer_of(a):  # `model`: the tokenizer files next to the agent's HF checkpoint
-            return load_tokenizer(a.model.path if a.tokenizer.source == "model" else a.tokenizer.source)
+    def _learner_tokenizers(self) -> dict[str, LearnerTokenizer]:
+        """Every agent's tokenizer, chat template and response limit (what re-encoding needs), loaded once."""
+        if self._learners is None:
+            from nemo_hacpo.models.tokenizers import load_tokenizer
 
-        self.broker = Broker(self.agents, {a.name: LearnerTokenizer(tokenizer_of(a),
-                                                                    a.max_response_length, a.tokenizer.chat_template)
-                                           for a in cfg.agents} if self.mode != "isolated" else {},
-                             mode=self.mode, tracker=self.tracker, adv_eps=cfg.algo.adv_eps,
-                             capability_baseline=cfg.algo.ablation.capability_baseline,
-                             gradient_modulation=cfg.algo.ablation.gradient_modulation)
+            def tokenizer_of(a):  # `model`: the tokenizer files next to the agent's HF checkpoint
+                return load_tokenizer(a.model.path if a.tokenizer.source == "model" else a.tokenizer.source)
+
+            self._learners = {a.name: LearnerTokenizer(tokenizer_of(a), a.max_response_length,
+                                                       a.tokenizer.chat_template) for a in self.cfg.agents}
+        return self._learners
+
+    def _make_broker(self, algo: AlgoConfig) -> Broker:
+        mode = broker_mode(algo.name)
+        return Broker(self.agents, self._learner_tokenizers() if mode != "isolated" else {}, mode=mode,
+                      tracker=self.tracker, adv_eps=algo.adv_eps,
+                      capability_baseline=algo.ablation.capability_baseline,
+                      gradient_modulation=algo.ablation.gradient_modulation)
+
+    def use_algorithm(self, algo: AlgoConfig) -> None:
+        """Train the next steps of this (started) run with another algorithm of the baseline table: the broker's
+        mode, the samples per prompt and the loss follow `algo`; workers, engines, weights, optimizer state,
+        data position and capability tracker carry on. For A/B measurements on one set of live workers
+        (`benchmarks/step_profile.py`, the algorithm tests); a training run keeps one algorithm.
+
+        The workers were built for the run's first algorithm, so a KL term needs the reference model they keep
+        (`algo.kl_coef > 0` only when the run started with it) and the capability window stays the tracker's.
+        """
+        if not self.groups:
+            raise RuntimeError("use_algorithm() needs a started run (call start() first)")
+        started_with = self.groups[self.agents[0]].algo
+        if algo.kl_coef > 0 and not started_with.kl_coef > 0:
+            raise ValueError(f"algo {algo.name!r} has kl_coef={algo.kl_coef} but this run's workers keep no "
+                             f"reference model (they were started for {started_with.name!r} with kl_coef=0)")
+        self.broker = self._make_broker(algo)
+        self.cfg = dataclasses.replace(self.cfg, algo=algo)
+        self.mode = self.broker.mode
+        self.samples_per_prompt = algo.samples_per_prompt
 
     # ---------------------------------------------------------------------------------------------- step
     def run_step(self, scorer) -> dict[str, float]:

@@ -1,7 +1,12 @@
 """Every algorithm of spec/hacpo.md's baseline table (and the ablation switches) runs through the same loop:
 2 steps of pair_tiny per mode, and trio_tiny with HACPO (n = 3). Checks that every metric is finite, that
 cross rows exist only where rollouts are shared, and the rollout accounting (HACPO generates G per prompt per
-agent and trains on n·G; gspo_x2 generates and trains on 2G; isolated modes train on their own G)."""
+agent and trains on n·G; gspo_x2 generates and trains on 2G; isolated modes train on their own G).
+
+The baselines share one live pair_tiny run (Ray, trainers and engines start once, ~40 s on 2 cores):
+each test resolves its algorithm from the config (`algo=<name>`), switches the run to it with
+`HacpoRun.use_algorithm` and runs two steps and an evaluation through `run_step`/`evaluate`, the code
+`train()` runs. trio_tiny goes through `train()` end to end (config → workers → summary)."""
 
 from __future__ import annotations
 
@@ -75,18 +80,53 @@ BASELINES = [
 ]
 
 
-@pytest.mark.parametrize(("algo", "extra", "shares", "samples", "loss_keys"), BASELINES, ids=[
-    "gspo", "gspo_x2", "grpo", "naive", "hacpo-ablations"])
-def test_baselines_and_ablations_run_through_the_loop(tmp_path, algo, extra, shares, samples, loss_keys):
+@pytest.fixture(scope="class")
+def live_pair(tmp_path_factory):
+    """One started pair_tiny run (HACPO config, so the workers keep the reference model the KL term needs)."""
     import ray
 
+    from nemo_hacpo.rewards import MathRewardScorer
+    from nemo_hacpo.runtime.loop import HacpoRun
+
+    out = tmp_path_factory.mktemp("live_pair") / "run"
+    run = HacpoRun(load_config("pair_tiny", [*_tiny("pair_tiny", 2), f"runtime.output_dir={out}",
+                                             "runtime.steps=10"]))
     try:
-        last = _run(tmp_path, "pair_tiny", 2, [f"algo={algo}", *extra])
+        run.start()
+        with MathRewardScorer(num_workers=0) as scorer:
+            yield run, scorer
     finally:
+        run.close(timeout_s=30)
         ray.shutdown()
-    _check(last, ["llama_tiny", "gpt_tiny"], shares=shares, samples=samples, loss_keys=loss_keys)
-    if algo == "hacpo":  # ω left out of the gradient: every cross row's weight is 1
-        assert last["llama_tiny/adv/cross_omega_mean"] == 1.0
+
+
+def _two_steps(run, scorer, algo) -> dict:
+    """Two steps + an evaluation under `algo`; the cumulative counters become this test's own."""
+    run.use_algorithm(algo)
+    before = {a: dict(t) for a, t in run.totals.items()}
+    last: dict = {}
+    for _ in range(2):
+        last = run.run_step(scorer)
+    last.update(run.evaluate())
+    for a, totals in run.totals.items():
+        for key, value in totals.items():
+            last[f"{a}/{key}_total"] = value - before[a][key]
+    return last
+
+
+class TestBaselinesOnOneLiveRun:
+    """The class scope ends the shared run (and its Ray session) before the next test starts its own."""
+
+    @pytest.mark.parametrize(("algo", "extra", "shares", "samples", "loss_keys"), BASELINES, ids=[
+        "gspo", "gspo_x2", "grpo", "naive", "hacpo-ablations"])
+    def test_baselines_and_ablations_run_through_the_loop(self, live_pair, algo, extra, shares, samples, loss_keys):
+        run, scorer = live_pair
+        cfg = load_config("pair_tiny", [*_tiny("pair_tiny", 2), f"algo={algo}", *extra])
+        last = _two_steps(run, scorer, cfg.algo)
+        assert (run.cfg.algo, run.mode) == (cfg.algo, {"naive": "naive", "hacpo": "hacpo"}.get(algo, "isolated"))
+        _check(last, ["llama_tiny", "gpt_tiny"], shares=shares, samples=samples, loss_keys=loss_keys)
+        if algo == "hacpo":  # ω left out of the gradient: every cross row's weight is 1
+            assert last["llama_tiny/adv/cross_omega_mean"] == 1.0
 
 
 def test_trio_tiny_hacpo(tmp_path):

@@ -84,3 +84,22 @@ def test_dataset_sections(tmp_path):
     cfg = load_config("pair_tiny", ["data.train.source=jsonl", f"data.train.path={path}",
                                     "data.train.question_field=problem", "data.train.answer_field=solution_answer"])
     assert [p.answer for p in load_split(cfg.data.train, "train")] == ["1", "2", "3"]
+
+
+def test_use_algorithm_guards(tmp_path):
+    """Switching algorithms needs started workers, and a KL term needs the reference model they were built with."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from nemo_hacpo.runtime.loop import HacpoRun
+
+    cfg = load_config("pair_tiny", [f"runtime.output_dir={tmp_path}", "data.train.size=8", "data.eval.size=2"])
+    run = HacpoRun(cfg)
+    with pytest.raises(RuntimeError, match="needs a started run"):
+        run.use_algorithm(cfg.algo)
+    no_kl = dataclasses.replace(load_config("pair_tiny", ["algo=gspo"]).algo, kl_coef=0.0)
+    run.groups = {a: SimpleNamespace(algo=no_kl) for a in run.agents}  # workers built without a reference model
+    with pytest.raises(ValueError, match=r"kl_coef=0.001 .* no reference model .*'gspo'"):
+        run.use_algorithm(cfg.algo)
+    run.use_algorithm(no_kl)  # the algorithm they were built for
+    assert (run.mode, run.samples_per_prompt, run.cfg.algo) == ("isolated", no_kl.samples_per_prompt, no_kl)
