@@ -3,7 +3,8 @@
     python benchmarks/step_profile.py                                  # pair_tiny, random init, 1 warm-up + 3 pairs
     python benchmarks/step_profile.py --warmstart --pairs 5            # from the cached warm start
     python benchmarks/step_profile.py --warmup 1 --pairs 1 algo.batch_size=2 algo.group_size=2 \\
-        agents.0.max_response_length=16 agents.1.max_response_length=16  # smoke run
+        agents.0.max_response_length=16 agents.1.max_response_length=16 \\
+        agents.0.parallel.micro_batch_size=2 agents.1.parallel.micro_batch_size=2  # smoke run
 
 One `HacpoRun` is started (Ray, one Megatron trainer and one vLLM engine per agent). After `--warmup` HACPO
 steps, steps alternate between HACPO and isolated GSPO in ABBA order (h g g h h g ...) so a slow drift of
