@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -249,3 +250,56 @@ def generate_problems(
             )
         )
     return problems
+
+
+# ------------------------------------------------------------------------------------------ error analysis
+ERROR_KINDS: tuple[str, ...] = (
+    "no_answer", "start_value", "steps", "carry_over", "operation", "operand", "arithmetic", "final_answer",
+    "none",
+)
+"""What :func:`classify_response` can return, in the order it checks (the first failing check wins).
+
+``no_answer``: no ``\\boxed{}``; ``start_value``: the first line does not state the problem's start value;
+``steps``: not one ``a <op> b = c`` line per operation; ``carry_over``: a line does not start from the previous
+line's result (or the start value); ``operation`` / ``operand``: the wrong operation or operand for the story's
+step; ``arithmetic``: ``a <op> b = c`` with a wrong ``c`` (a wrong fact); ``final_answer``: every line right but
+the boxed answer is not the last result; ``none``: the worked solution is right throughout."""
+
+_STEP_LINE = re.compile(r"^\s*(\d+)\s*([-+*/])\s*(\d+)\s*=\s*(\d+)\s*$")
+_START = re.compile(r"starts with (\d+)")
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def classify_response(solution: str, response: str) -> str:
+    """Where a response to a generated problem first departs from its worked ``solution`` (one of
+    :data:`ERROR_KINDS`). The solution format is the generator's: a start line, one ``a <op> b = c`` line per
+    operation, then ``The answer is \\boxed{c}``. Diagnostic only; rewards come from the verifier."""
+    gold_lines = solution.strip().split("\n")
+    gold_start = _START.search(gold_lines[0])
+    gold_steps = [_STEP_LINE.match(line) for line in gold_lines[1:-1]]
+    if gold_start is None or not gold_steps or not all(gold_steps):
+        raise ValueError(f"not a generated arithmetic solution: {solution!r}")
+    boxed = _BOXED.findall(response)
+    if not boxed:
+        return "no_answer"
+    lines = [line for line in response.strip().split("\n") if line.strip()]
+    start = _START.search(lines[0]) if lines else None
+    if start is None or start.group(1) != gold_start.group(1):
+        return "start_value"
+    steps = [_STEP_LINE.match(line) for line in lines[1:] if "\\boxed" not in line]
+    if len(steps) != len(gold_steps) or not all(steps):
+        return "steps"
+    value = int(start.group(1))
+    for step, gold in zip(steps, gold_steps, strict=True):
+        left, operation, operand, result = step.groups()
+        if int(left) != value:
+            return "carry_over"
+        if operation != gold.group(2):
+            return "operation"
+        if operand != gold.group(3):
+            return "operand"
+        correct = apply_operation(operation, value, int(operand))  # the gold step's own: exact
+        if int(result) != correct:
+            return "arithmetic"
+        value = correct
+    return "none" if boxed[-1].strip() == str(value) else "final_answer"

@@ -95,8 +95,9 @@ def json_text(rows: Sequence[Mapping[str, Any]], settings: Mapping[str, Any] | N
 
 
 def answer_records(result: EvalResult) -> list[dict[str, Any]]:
-    """One dict per problem: id, question, gold, source, level, correct count per mode, and every response
-    (mode, index, text, reward, status, num_tokens, finish_reason) — greedy first, then the samples."""
+    """One dict per problem: id, question, gold, solution ("" if none), source, level, correct count per mode,
+    and every response (mode, index, text, reward, status, num_tokens, finish_reason) — greedy first, then the
+    samples."""
     modes = [(mode, scored) for mode, scored in (("greedy", result.greedy), ("sampled", result.sampled))
              if scored is not None]
     if not modes:
@@ -112,7 +113,7 @@ def answer_records(result: EvalResult) -> list[dict[str, Any]]:
                            "num_tokens": r.num_tokens, "finish_reason": r.finish_reason}
                           for g, r in enumerate(entry.responses)]
         records.append({"id": problem.id, "question": problem.question, "gold": problem.answer,
-                        "source": problem.source, "level": problem.level, "num_correct": num_correct,
+                        "solution": problem.solution, "source": problem.source, "level": problem.level, "num_correct": num_correct,
                         "responses": responses})
     return records
 

@@ -15,8 +15,10 @@ import pytest
 
 from nemo_hacpo.data.arithmetic import (
     DEFAULT_SEEDS,
+    ERROR_KINDS,
     MAX_VALUE,
     apply_operation,
+    classify_response,
     derive_seed,
     generate_problems,
     split_of_question,
@@ -173,3 +175,35 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="num_problems"):
         generate_problems("train", -1)
     assert generate_problems("train", 0) == []
+
+
+SOLUTION = "Tom starts with 13 apples.\n13 - 8 = 5\n5 * 2 = 10\nThe answer is \\boxed{10}"
+
+
+@pytest.mark.parametrize(("response", "kind"), [
+    (SOLUTION, "none"),
+    ("Tom starts with 13 pears.\n13 - 8 = 5\n5 * 2 = 10\nThe answer is \\boxed{10}", "none"),  # object not checked
+    ("Tom starts with 13 apples.\n13 - 8 = 5\n5 * 2 = 10\nThe answer is 10", "no_answer"),
+    ("Sam starts with 10 apples.\n10 - 8 = 2\n2 * 2 = 4\nThe answer is \\boxed{4}", "start_value"),
+    ("Tom has apples.\n13 - 8 = 5\nThe answer is \\boxed{5}", "start_value"),
+    ("Tom starts with 13 apples.\n13 - 8 = 5\nThe answer is \\boxed{5}", "steps"),
+    ("Tom starts with 13 apples.\n13 - 8 = 5\n5 times 2 is 10\nThe answer is \\boxed{10}", "steps"),
+    ("Tom starts with 13 apples.\n13 - 8 = 5\n6 * 2 = 12\nThe answer is \\boxed{12}", "carry_over"),
+    ("Tom starts with 13 apples.\n13 + 8 = 21\n21 * 2 = 42\nThe answer is \\boxed{42}", "operation"),
+    ("Tom starts with 13 apples.\n13 - 9 = 4\n4 * 2 = 8\nThe answer is \\boxed{8}", "operand"),
+    ("Tom starts with 13 apples.\n13 - 8 = 6\n6 * 2 = 12\nThe answer is \\boxed{12}", "arithmetic"),
+    ("Tom starts with 13 apples.\n13 - 8 = 5\n5 * 2 = 11\nThe answer is \\boxed{11}", "arithmetic"),
+    ("Tom starts with 13 apples.\n13 - 8 = 5\n5 * 2 = 10\nThe answer is \\boxed{5}", "final_answer"),
+])
+def test_classify_response_names_the_first_departure(response, kind):
+    assert classify_response(SOLUTION, response) == kind
+    assert kind in ERROR_KINDS
+
+
+def test_classify_response_on_generated_problems_and_bad_solutions():
+    for problem in generate_problems("eval", 30, seed=3):
+        assert classify_response(problem.solution, problem.solution) == "none"
+    division = "Ana starts with 12 beads.\n12 / 5 = 2\nThe answer is \\boxed{2}"
+    assert classify_response("Ana starts with 12 beads.\n12 / 4 = 3\nThe answer is \\boxed{3}", division) == "operand"
+    with pytest.raises(ValueError, match="not a generated arithmetic solution"):
+        classify_response("The answer is 3", "\\boxed{3}")

@@ -81,7 +81,7 @@ def test_write_results_files_and_answers(tmp_path):
     assert sorted(p.name for p in (tmp_path / "answers").iterdir()) == ["a__toy.jsonl", "b_x__toy.jsonl"]
     lines = (tmp_path / "answers" / "a__toy.jsonl").read_text().splitlines()
     assert json.loads(lines[0]) == {
-        "id": "p1", "question": "3 + 4?", "gold": "7", "source": "toy", "level": 1,
+        "id": "p1", "question": "3 + 4?", "gold": "7", "solution": "", "source": "toy", "level": 1,
         "num_correct": {"greedy": 1, "sampled": 1},
         "responses": [
             {"mode": "greedy", "index": 0, "text": "\\boxed{7}", "reward": 1.0, "status": "correct", "num_tokens": 5,
