@@ -72,24 +72,6 @@ def test_step_timings_reads_the_loop_timers():
     assert sp.step_timings(metrics, 4.0) == {"generate_s": 1.5, "train_s": 2.0, "step_s": 4.0}
 
 
-def test_use_mode_switches_a_real_run(tmp_path):
-    from nemo_hacpo.algo import CapabilityTracker
-    from nemo_hacpo.broker import Broker
-    from nemo_hacpo.config import load_config
-    from nemo_hacpo.runtime.loop import HacpoRun
-
-    cfg = load_config("pair_tiny", ["algo=hacpo", f"runtime.output_dir={tmp_path}"])
-    gspo = load_config("pair_tiny", ["algo=gspo_x2", f"runtime.output_dir={tmp_path}"]).algo
-    run = HacpoRun(cfg)
-    isolated = Broker(run.agents, {}, mode="isolated", tracker=CapabilityTracker(run.agents))
-    sp.use_mode(run, sp.ModeState(gspo, isolated))
-    assert (run.cfg.algo.name, run.mode, run.broker, run.samples_per_prompt) == ("gspo_x2", "isolated", isolated, 8)
-    assert run.cfg.agents == cfg.agents
-    shared = Broker(run.agents, {}, mode="isolated", tracker=run.tracker)
-    sp.use_mode(run, sp.ModeState(cfg.algo, shared))
-    assert (run.cfg.algo.name, run.samples_per_prompt) == ("hacpo", 4)
-
-
 def test_parse_args():
     args, extra = sp.parse_args(["--warmstart", "--pairs", "2", "algo.batch_size=2"])
     assert args.warmstart and args.pairs == 2 and args.warmup == 1 and extra == ["algo.batch_size=2"]

@@ -103,3 +103,12 @@ def test_use_algorithm_guards(tmp_path):
         run.use_algorithm(cfg.algo)
     run.use_algorithm(no_kl)  # the algorithm they were built for
     assert (run.mode, run.samples_per_prompt, run.cfg.algo) == ("isolated", no_kl.samples_per_prompt, no_kl)
+    assert run.broker.mode == "isolated" and run.cfg.agents == cfg.agents
+
+    run.groups = {a: SimpleNamespace(algo=cfg.algo) for a in run.agents}  # workers that keep a reference model
+    x2 = load_config("pair_tiny", ["algo=gspo_x2"]).algo
+    run.use_algorithm(x2)
+    assert (run.mode, run.samples_per_prompt) == ("isolated", 2 * cfg.algo.group_size)
+    run.use_algorithm(cfg.algo)  # back to HACPO: a sharing broker over every agent's tokenizer, same tracker
+    assert (run.mode, run.broker.mode, run.samples_per_prompt) == ("hacpo", "hacpo", cfg.algo.group_size)
+    assert run.broker.tracker is run.tracker
