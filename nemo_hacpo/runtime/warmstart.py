@@ -43,7 +43,7 @@ def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
     shaping = {"model": dataclasses.asdict(agent.model), "tokenizer": dataclasses.asdict(agent.tokenizer),
                "lengths": [agent.max_prompt_length, agent.max_response_length], "optimizer": optimizer,
                "warmstart": dataclasses.asdict(cfg.warmstart), "system_prompt": cfg.data.system_prompt,
-               "tokenizer_files": _tokenizer_fingerprint(agent), "version": 1}
+               "tokenizer_files": _tokenizer_fingerprint(agent), "version": 2}  # 2: one-pass sft objective
     for unused in ("cache_dir", "progress_interval"):  # where it is kept and how it reports do not shape it
         shaping["warmstart"].pop(unused)
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]

@@ -206,10 +206,10 @@ class AgentRank:
             seed: int, first_step: int = 0) -> list[float]:
         """Collective: supervised warm start on worked solutions, through the same loss and optimizer path.
 
-        SFT is the policy loss at the sampling weights with A = 1 and no clip: m_old is recomputed just before
-        each single-update step, so s = exp(m − m_old) = 1 and ∇(−s·A) = −∇m, the gradient of the
-        sequence-mean token NLL of the solution (EOS included). Returns the NLL per step (sequence-mean of the
-        token-mean NLL, before the step's update).
+        One update per step on the sequence-mean token NLL of the solutions (EOS included; the trainer's `sft`
+        objective: the same micro-batching, schedule, optimizer and LR schedule as RL, one forward-backward per
+        micro-batch and no separate no-grad pass). Returns the NLL per step (sequence-mean of the token-mean
+        NLL, at the weights before the step's update: the loss of that update's forward).
 
         Steps `first_step .. first_step + steps − 1` of the seeded schedule run, so the driver can call it in
         chunks (and show progress) and get exactly the batches of one long call; `prompts`/`solutions` may be
@@ -233,8 +233,9 @@ class AgentRank:
         encoded = getattr(self, "_sft_encoded", None)
         if not encoded:
             raise ValueError(f"agent {self.agent.name!r}: sft needs prompts and solutions on its first call")
-        sft_algo = dataclasses.replace(self.algo, name="gspo", updates_per_step=1, eps_low=1.0, eps_high=1e9,
-                                       kl_coef=0.0)
+        from nemo_hacpo.training.objective import SFT
+
+        sft_algo = dataclasses.replace(self.algo, name=SFT, updates_per_step=1, kl_coef=0.0)
         rng = random.Random(seed)
         size = min(batch_size, len(encoded))
         for _ in range(first_step):  # replay the schedule up to this chunk (cheap: index draws only)
@@ -243,13 +244,11 @@ class AgentRank:
         for step in range(first_step, first_step + steps):
             batch = [encoded[i] for i in rng.sample(range(len(encoded)), size)]
             token_ids, masks = [b[0] for b in batch], [b[1] for b in batch]
-            m_old = self.mean_logprobs(token_ids, masks)
             n = len(batch)
             rows = TrainingRows(token_ids=token_ids, response_mask=masks, advantages=torch.ones(n),
                                 is_cross=torch.zeros(n, dtype=torch.bool), omega=torch.ones(n),
-                                behaviour_mean_logprob=m_old)
-            self.trainer.train_step(rows, sft_algo, step)
-            losses.append(-float(m_old.mean()))  # the batch's NLL (mean token) before this update
+                                behaviour_mean_logprob=torch.zeros(n))  # unused by the sft objective
+            losses.append(self.trainer.train_step(rows, sft_algo, step)["loss"])  # NLL before this update
         return losses
 
     # ---------------------------------------------------------------------------------------- checkpoints

@@ -9,6 +9,7 @@ the optimizer mini-batch, over all its micro-batches and data-parallel replicas.
                                      (gspo / gspo_x2 / naive rows simply carry is_cross = False)
     grpo:                            L_pol = grpo_token_loss(logp, logp_old, A, mask; agg, normaliser=D)
                                      D = D_tok (response tokens of the mini-batch) for token-mean, else D_seq
+    sft (the warm start, not a config algorithm):  L_pol = Σ_rows −m_θ(row) / D_seq   (sequence-mean token NLL)
     KL (β > 0):                      L_kl  = β · Σ_{self rows} low_var_kl_n / D_seq      (cross rows: no KL)
     loss = L_pol + L_kl
 
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
 
 SEQUENCE_LEVEL_ALGORITHMS = ("hacpo", "naive", "gspo", "gspo_x2")
 """Algorithms whose policy loss is `hacpo_loss` on per-sequence mean log-probs."""
+
+SFT = "sft"
+"""The supervised warm start's objective (`AgentRank.sft`): the sequence-mean token NLL of the rows, no ratio.
+Not an `algo.name` a config can choose."""
 
 
 def uses_token_normaliser(algo: AlgoConfig) -> bool:
@@ -84,6 +89,9 @@ def micro_batch_loss(
         policy_loss, metrics = grpo_token_loss(
             token_logprobs, batch.old_token_logprobs, batch.advantages, mask, algo.grpo_eps_low,
             algo.grpo_eps_high, algo.grpo_loss_agg, normaliser=normaliser)
+    elif algo.name == SFT:
+        policy_loss = -sequence_mean_logprob(token_logprobs, mask).sum() / normaliser
+        metrics = {"loss": policy_loss.detach(), "num_rows": torch.tensor(float(mask.shape[0]), device=mask.device)}
     else:
         raise ValueError(f"unknown algorithm {algo.name!r}")
     metrics = {("policy_loss" if name == "loss" else name): value for name, value in metrics.items()}

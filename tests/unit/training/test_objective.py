@@ -119,3 +119,17 @@ def test_missing_inputs_are_errors() -> None:
                          num_sequences=1.0)
     with pytest.raises(ValueError, match="reference model"):
         micro_batch_loss(token_logprobs, batch, AlgoConfig(kl_coef=0.1), 0, normaliser=1.0, num_sequences=1.0)
+
+
+def test_sft_share_is_the_sequence_mean_token_nll() -> None:
+    # row 0: logp [−1, −3] → NLL 2; row 1: logp [−0.5] → NLL 0.5; D = 4 rows in the mini-batch
+    # share = (2 + 0.5) / 4 = 0.625; d share / d logp = −1 / (L_row · D): row 0 −1/8 per token, row 1 −1/4
+    junk = 99.0
+    token_logprobs = torch.tensor([[-1.0, -3.0, junk], [-0.5, junk, junk]], dtype=F64, requires_grad=True)
+    batch = _batch([[1, 1, 0], [1, 0, 0]], [5.0, -5.0], [False, True], [3.0, 3.0], [0.0, 7.0])  # all unused
+    sft = AlgoConfig(name="sft", kl_coef=0.0)  # type: ignore[arg-type]  # the warm start's internal objective
+    loss, metrics = micro_batch_loss(token_logprobs, batch, sft, 0, normaliser=4.0, num_sequences=4.0)
+    assert loss.item() == pytest.approx(0.625, rel=1e-12) == metrics["loss"].item() == metrics["policy_loss"].item()
+    assert metrics["num_rows"].item() == 2
+    loss.backward()
+    assert token_logprobs.grad.tolist() == [[-0.125, -0.125, 0.0], [-0.25, 0.0, 0.0]]
