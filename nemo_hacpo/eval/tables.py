@@ -113,8 +113,8 @@ def answer_records(result: EvalResult) -> list[dict[str, Any]]:
                            "num_tokens": r.num_tokens, "finish_reason": r.finish_reason}
                           for g, r in enumerate(entry.responses)]
         records.append({"id": problem.id, "question": problem.question, "gold": problem.answer,
-                        "solution": problem.solution, "source": problem.source, "level": problem.level, "num_correct": num_correct,
-                        "responses": responses})
+                        "solution": problem.solution, "source": problem.source, "level": problem.level,
+                        "num_correct": num_correct, "responses": responses})
     return records
 
 

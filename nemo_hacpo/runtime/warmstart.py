@@ -2,7 +2,7 @@
 
 Random tiny models earn no reward, so RL would have nothing to learn from. Before the first RL step each
 `model.source: tiny` agent is fine-tuned on worked solutions of generated training problems (the same
-trainer, loss path and optimizer as RL; see `AgentRank.sft`), then saved as an HF checkpoint under
+trainer, micro-batching and optimizer as RL, on the NLL; see `AgentRank.sft`), then saved as an HF checkpoint under
 `warmstart.cache_dir/<agent>-<hash>`, where the hash covers everything that shapes the result (architecture,
 tokenizer, chat template, lengths, warm-start settings, system prompt). Later runs reuse it.
 """
