@@ -73,8 +73,6 @@ class HacpoRun:
         self.out_dir = Path(cfg.runtime.output_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.agents = [a.name for a in cfg.agents]
-        self.mode = broker_mode(cfg.algo.name)
-        self.samples_per_prompt = cfg.algo.samples_per_prompt
         self.train_set = PromptDataset(load_split(cfg.data.train, "train"), seed=cfg.data.shuffle_seed)
         self.eval_problems = load_split(cfg.data.eval, "eval")
         algo = cfg.algo
@@ -86,6 +84,16 @@ class HacpoRun:
         self.eval_history: list[dict[str, Any]] = []
         self.groups: dict[str, AgentGroup] = {}
         self._learners: dict[str, LearnerTokenizer] | None = None
+
+    @property
+    def mode(self) -> str:
+        """The broker mode of the current algorithm: hacpo / naive (shared rollouts) or isolated."""
+        return broker_mode(self.cfg.algo.name)
+
+    @property
+    def samples_per_prompt(self) -> int:
+        """Responses each agent generates per prompt (G; 2G for gspo_x2)."""
+        return self.cfg.algo.samples_per_prompt
 
     # ------------------------------------------------------------------------------------------ start-up
     def start(self) -> None:
@@ -153,8 +161,6 @@ class HacpoRun:
                              f"reference model (they were started for {started_with.name!r} with kl_coef=0)")
         self.broker = self._make_broker(algo)
         self.cfg = dataclasses.replace(self.cfg, algo=algo)
-        self.mode = self.broker.mode
-        self.samples_per_prompt = algo.samples_per_prompt
 
     # ---------------------------------------------------------------------------------------------- step
     def run_step(self, scorer) -> dict[str, float]:
