@@ -28,7 +28,7 @@ from nemo_hacpo.runtime.checkpoint import latest_checkpoint, save_run_checkpoint
 from nemo_hacpo.runtime.datasets import load_split
 from nemo_hacpo.runtime.evaluation import evaluate_agents
 from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray
-from nemo_hacpo.runtime.metrics import MetricsLogger, markdown_table, write_curves
+from nemo_hacpo.runtime.metrics import CrossPathMonitor, MetricsLogger, markdown_table, write_curves
 from nemo_hacpo.runtime.warmstart import ensure_warm_start
 
 logger = logging.getLogger(__name__)
@@ -262,8 +262,11 @@ class HacpoRun:
                               run_config=dataclasses.asdict(cfg) if "wandb" in sinks else None) as log:
             if not self.eval_history:
                 log.log(self.step, self.evaluate())
+            cross_path = CrossPathMonitor(self.agents)
             while self.step < cfg.runtime.steps:
                 metrics = self.run_step(scorer)
+                for message in cross_path.update(metrics):
+                    logger.warning(message)
                 interval = cfg.runtime.eval_interval
                 if interval and self.step % interval == 0 and self.step < cfg.runtime.steps:
                     metrics.update(self.evaluate())
