@@ -21,10 +21,18 @@ import torch
 from nemo_hacpo.config import AgentConfig, AlgoConfig
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
+def reserve_port() -> tuple[socket.socket, int]:
+    """A socket bound to a free port, and the port. While the socket stays open neither another bind nor an
+    outgoing connection's automatic local port can take that port; close it right before the port is bound
+    for real. (Returning a port whose socket is already closed leaves a window of seconds in which, say, the
+    other agent's gloo connections may claim it: EADDRINUSE at the rendezvous, seen once in CI.)"""
+    sock = socket.socket()
+    try:
         sock.bind(("", 0))
-        return sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    return sock, sock.getsockname()[1]
 
 
 def _assigned_gpu() -> int | None:
@@ -49,6 +57,7 @@ class AgentRank:
         self.agent, self.algo, self.rank = agent, algo, rank
         self.collective_timeout_s = collective_timeout_s
         self.seed, self.run_dir, self.total_updates = seed, Path(run_dir), total_updates
+        self._port_reservation: socket.socket | None = None
         self.trainer: Any = None
         self.engine: Any = None
         self.engine_gpus: list[int] | None = None
@@ -57,8 +66,17 @@ class AgentRank:
 
     # ------------------------------------------------------------------------------------------- set-up
     def address(self) -> tuple[str, int]:
-        """Host and a free port of this rank's node (rank 0's becomes the agent's rendezvous)."""
-        return socket.gethostbyname(socket.gethostname()), free_port()
+        """Host and a free port of this rank's node (rank 0's becomes the agent's rendezvous); the port stays
+        reserved by this actor until its `setup` binds it."""
+        if self._port_reservation is not None:
+            self._port_reservation.close()
+        self._port_reservation, port = reserve_port()
+        return socket.gethostbyname(socket.gethostname()), port
+
+    def _release_port(self) -> None:
+        if self._port_reservation is not None:
+            self._port_reservation.close()
+            self._port_reservation = None
 
     def setup(self, master_addr: str, master_port: int, init_weights: str | None = None,
               start_engine: bool = True, resume_from: str | None = None) -> dict[str, Any]:
@@ -76,6 +94,7 @@ class AgentRank:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         world = self.agent.parallel.world_size
         gpu = _assigned_gpu()
+        self._release_port()  # rank 0's TCP store binds it next
         init_distributed(self.rank, world, master_addr, master_port, timeout_s=self.collective_timeout_s,
                          local_rank=gpu)
         self.engine_gpus = self._engine_gpus(gpu)

@@ -3,6 +3,7 @@ warm-start cache keys, dataset sections."""
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 
@@ -112,3 +113,26 @@ def test_use_algorithm_guards(tmp_path):
     run.use_algorithm(cfg.algo)  # back to HACPO: a sharing broker over every agent's tokenizer, same tracker
     assert (run.mode, run.broker.mode, run.samples_per_prompt) == ("hacpo", "hacpo", cfg.algo.group_size)
     assert run.broker.tracker is run.tracker
+
+
+def _bind(port: int) -> None:
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("", port))
+
+
+def test_rank_zero_keeps_its_rendezvous_port_reserved_until_setup(tmp_path):
+    from nemo_hacpo.runtime.worker import AgentRank
+
+    cfg = load_config("pair_tiny", ["warmstart.enabled=false"])
+    rank = AgentRank(cfg.agents[0], cfg.algo, 0, seed=0, run_dir=str(tmp_path), total_updates=1)
+    _, port = rank.address()
+    with pytest.raises(OSError) as taken:  # nobody else can bind it while the driver passes it to every rank
+        _bind(port)
+    assert taken.value.errno == errno.EADDRINUSE
+    _, second = rank.address()  # asking again moves the reservation
+    _bind(port)
+    rank._release_port()  # what setup does right before the TCP store binds it
+    _bind(second)
+    rank._release_port()  # idempotent
