@@ -68,8 +68,7 @@ class AgentRank:
     def address(self) -> tuple[str, int]:
         """Host and a free port of this rank's node (rank 0's becomes the agent's rendezvous); the port stays
         reserved by this actor until its `setup` binds it."""
-        if self._port_reservation is not None:
-            self._port_reservation.close()
+        self._release_port()
         self._port_reservation, port = reserve_port()
         return socket.gethostbyname(socket.gethostname()), port
 

@@ -29,8 +29,8 @@ def sft_losses(chunks: list[int], run_dir: str, port: int) -> tuple[list[float],
     rank = AgentRank(cfg.agents[1], cfg.algo, 0, seed=5, run_dir=run_dir, total_updates=sum(chunks))
     rank.setup("127.0.0.1", port, start_engine=False)
     assert rank.sft(prompts, solutions, 0, 4, 11, 0) == []  # encodes only
-    first = [rank._sft_encoded[i] for i in random.Random(11).sample(range(len(problems)), 4)]  # step 0's batch
-    nll_before = -float(rank.mean_logprobs([ids for ids, _ in first], [mask for _, mask in first]).mean())
+    batch0 = [rank._sft_encoded[i] for i in random.Random(11).sample(range(len(problems)), 4)]  # step 0's batch
+    nll_before = -float(rank.mean_logprobs([ids for ids, _ in batch0], [mask for _, mask in batch0]).mean())
     losses: list[float] = []
     for i, n in enumerate(chunks):
         first = sum(chunks[:i])
