@@ -38,11 +38,27 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def batch_group_ids(problems: list[MathProblem]) -> list[str]:
+    """One group id per prompt of a batch, unique within it: the problem id, plus `#k` for its k-th repeat.
+
+    A batch can hold a problem twice (it runs on into the next epoch's order, or `B` exceeds the data set);
+    each occurrence is its own prompt group, with its own G samples per agent and its own baseline.
+    """
+    seen: dict[str, int] = {}
+    ids = []
+    for problem in problems:
+        k = seen.get(problem.id, 0)
+        seen[problem.id] = k + 1
+        ids.append(problem.id if k == 0 else f"{problem.id}#{k}")
+    return ids
+
+
 def own_rollouts(agent: str, problems: list[MathProblem], messages: list[list[dict]], generated: dict[str, Any],
                  rewards: list[float], token_logprobs: torch.Tensor, step: int) -> tuple[list[AgentRollout], dict]:
     """Turn one agent's generations + rewards + trainer token log-probs into broker rollouts and metrics."""
     rollouts, mismatch, lengths, truncated = [], [], [], 0
     index = 0
+    group_ids = batch_group_ids(problems)
     for b, (problem, prompt_ids) in enumerate(zip(problems, generated["prompt_token_ids"], strict=True)):
         for g, response in enumerate(generated["responses"][b]):
             ids = response["token_ids"]
@@ -53,7 +69,7 @@ def own_rollouts(agent: str, problems: list[MathProblem], messages: list[list[di
             lengths.append(len(ids))
             truncated += response["finish_reason"] == "length"
             trajectory = Trajectory(
-                prompt_id=problem.id, messages=messages[b], response_text=response["text"], source=agent,
+                prompt_id=group_ids[b], messages=messages[b], response_text=response["text"], source=agent,
                 sample_index=g, finish_reason=response["finish_reason"], reward=rewards[index],
                 source_mean_logprob=mean_lp, source_num_tokens=len(ids), gold=problem.answer, step=step,
                 metadata={"level": str(problem.level)} if problem.level is not None else {})

@@ -3,6 +3,7 @@ warm-start cache keys, dataset sections."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
@@ -14,7 +15,7 @@ from nemo_hacpo.config import load_config
 from nemo_hacpo.data import MathProblem
 from nemo_hacpo.runtime.checkpoint import DRIVER_FILE, checkpoints, latest_checkpoint
 from nemo_hacpo.runtime.datasets import load_split
-from nemo_hacpo.runtime.loop import own_rollouts
+from nemo_hacpo.runtime.loop import batch_group_ids, own_rollouts
 from nemo_hacpo.runtime.warmstart import warm_start_key
 
 
@@ -36,6 +37,43 @@ def test_own_rollouts_align_trainer_logprobs_with_response_tokens():
     assert metrics["mismatch_token_mult_prob_error"] == pytest.approx(math.exp(0.08), rel=1e-6)
     assert metrics["reward_mean"] == 0.5 and metrics["truncation_rate"] == 0.5
     assert metrics["response_length_mean"] == 2.5 and metrics["response_length_max"] == 3.0
+
+
+def test_a_problem_twice_in_one_batch_forms_two_prompt_groups(tmp_path):
+    """A batch that runs into the next epoch (or B > data set) can repeat a problem; the broker must see two
+    groups, not one prompt with two responses per sample index (which it rejects)."""
+    from nemo_hacpo.broker import Broker, LearnerTokenizer
+    from nemo_hacpo.models.tokenizers import load_tokenizer
+
+    p0 = MathProblem(id="p0", question="Ann has 2 pens and buys 3 more. How many pens?", answer="5", level=1,
+                     solution="", source="t", expression=None)
+    p1 = dataclasses.replace(p0, id="p1", question="Bob has 9 cups and breaks 4. How many?", answer="5")
+    problems = [p0, p1, p0]
+    assert batch_group_ids(problems) == ["p0", "p1", "p0#1"]
+    assert batch_group_ids([p0, p0, p0]) == ["p0", "p0#1", "p0#2"]
+
+    tok = {"a": load_tokenizer("tiny-bpe", cache_dir=tmp_path), "b": load_tokenizer("tiny-unigram", cache_dir=tmp_path)}
+    messages = [[{"role": "user", "content": p.question}] for p in problems]
+    rollouts = {}
+    for agent, tokenizer in tok.items():
+        prompt_ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in messages]
+        responses = [[{"token_ids": tokenizer("\\boxed{5}", add_special_tokens=False)["input_ids"], "text": "\\boxed{5}",
+                       "finish_reason": "stop", "logprobs": None} for _ in range(2)] for _ in problems]
+        for group in responses:
+            for r in group:
+                r["logprobs"] = [-0.5] * len(r["token_ids"])
+        width = max(len(ids) for ids in prompt_ids) + 8
+        token_lp = torch.full((len(problems) * 2, width), -0.5)
+        rewards = [1.0, 0.0] * len(problems)
+        rollouts[agent], _ = own_rollouts(agent, problems, messages,
+                                          {"prompt_token_ids": prompt_ids, "responses": responses}, rewards, token_lp, 1)
+    assert [r.trajectory.prompt_id for r in rollouts["a"]] == ["p0", "p0", "p1", "p1", "p0#1", "p0#1"]
+    broker = Broker(["a", "b"], {a: LearnerTokenizer(t, 64) for a, t in tok.items()}, mode="hacpo")
+    step = broker.step(rollouts)
+    view = step.views["a"]
+    # 3 prompt groups × 2 samples of its own, then 3 × 2 of b's: the repeat is a group of its own
+    assert view.counts["self_rows"] == 6 and view.counts["cross_rows"] == 6
+    assert sorted(set(view.prompt_index.tolist())) == [0, 1, 2]
 
 
 def test_checkpoint_discovery_ignores_partial_saves(tmp_path):
