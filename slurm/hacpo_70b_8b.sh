@@ -14,7 +14,8 @@
 # Environment: CONFIG (or CONFIG_NAME; default pair_large), PYTHON (default: python on PATH, e.g. a venv's
 # bin/python), HACPO_OUTPUT_DIR, RAY_PORT (6379), RAY_NUM_CPUS (default: the CPUs Slurm gave the task),
 # RAY_TEMP_DIR (/tmp/ray-hacpo-<job id>), RAY_WAIT_S (600), RAY_AUTH_MODE (token, with a per-job token),
-# CONTAINER_MOUNTS. `--config-name X` among the arguments also picks X.
+# CONTAINER_MOUNTS (extra mounts; the repository, HACPO_OUTPUT_DIR and the folders of HACPO_*_PATH / *_DATA are
+# mounted already). `--config-name X` among the arguments also picks X.
 # Other sizes: override the #SBATCH lines on the command line. What CI runs on one CPU node (tests/integration/
 # slurm/test_sbatch_job.py):
 #   sbatch --nodes=1 --gpus-per-node=0 --cpus-per-task=2 --export=ALL,CONFIG=pair_tiny,PYTHON=$PWD/.venv/bin/python \
@@ -62,8 +63,24 @@ export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEO
 
 container_args=()
 if [[ -n "$CONTAINER_IMAGE" ]]; then
-    container_args=(--container-image="$CONTAINER_IMAGE" --container-workdir="$REPO_DIR"
-                    --container-mounts="${CONTAINER_MOUNTS:-$REPO_DIR:$REPO_DIR}")
+    # Mounted at the same paths: the repository, the outputs, and the folders of every checkpoint and data file
+    # the config reads from the environment, plus CONTAINER_MOUNTS (comma-separated src[:dst[:flags]]).
+    mounts=("$REPO_DIR:$REPO_DIR" "$HACPO_OUTPUT_DIR:$HACPO_OUTPUT_DIR")
+    for var in HACPO_LLAMA70B_PATH HACPO_QWEN8B_PATH HACPO_TRAIN_DATA HACPO_EVAL_DATA; do
+        path=${!var:-}
+        [[ -z "$path" ]] && continue
+        [[ -d "$path" ]] || path=$(dirname "$path")
+        mounts+=("$path:$path")
+    done
+    [[ -n "${CONTAINER_MOUNTS:-}" ]] && mounts+=("$CONTAINER_MOUNTS")
+    mount_list=$(IFS=,; echo "${mounts[*]}")
+    # One named container per node for the whole job: every srun step on a node (its Ray daemons, the driver)
+    # runs in the same container, so the driver sees the raylet's sockets under RAY_TEMP_DIR (a fresh container
+    # per step would not: ray.init could not reach the local raylet).
+    container_args=(--container-image="$CONTAINER_IMAGE" --container-name="hacpo-$JOB_ID"
+                    --container-workdir="$REPO_DIR" --container-mounts="$mount_list")
+    # the checkout's package, not the copy installed in the image, is what runs
+    export PYTHONPATH=$REPO_DIR${PYTHONPATH:+:$PYTHONPATH}
 fi
 # One task on one node (`-w node`), sharing the allocation's CPUs/GPUs with the long-running Ray steps (--overlap).
 # An array, not a function: `"${srun_one[@]}" ... &` backgrounds srun itself, so `$!` is srun's PID (a

@@ -213,6 +213,11 @@ def llm_kwargs(settings: EngineSettings, *, generation_config_dir: str | Path,
         # step's token budget (4096 on CPU). Without chunking every prompt is prefilled whole.
         kwargs["enable_chunked_prefill"] = False
         kwargs["max_num_batched_tokens"] = max(settings.max_model_len, CPU_MAX_BATCHED_TOKENS)
+    if settings.tensor_parallel_size > 1:
+        # vLLM picks its Ray executor whenever the caller sits in a Ray placement group (ours always does) and
+        # would then try to place its TP workers in the trainer's group, whose bundles the trainer ranks hold:
+        # the engine start waits forever. Its own processes on the GPUs the rank hands it are what we want.
+        kwargs["distributed_executor_backend"] = "mp"
     if settings.enable_sleep_mode:
         kwargs["enable_sleep_mode"] = True
     if settings.weight_transfer_backend is not None:

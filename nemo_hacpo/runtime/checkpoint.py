@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 DRIVER_FILE = "driver.json"
+
+RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "summary.md", "reward_curve.png",
+                 "eval_accuracy.png", "hf", "eval")
+"""What a run writes into its output directory that belongs to that run (config.yaml is rewritten at start)."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,31 @@ def save_run_checkpoint(out_dir: str | Path, step: int, driver_state: dict[str, 
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
-    for old in checkpoints(out_dir)[:-keep] if keep > 0 else []:
+    # keep-last-N among this run's steps: never the checkpoint just written, whatever else lies there
+    earlier = [c for c in checkpoints(out_dir) if c.step < step]
+    for old in earlier[:max(0, len(earlier) - (keep - 1))] if keep > 0 else []:
         shutil.rmtree(old.path, ignore_errors=True)
     return final
+
+
+def archive_previous_run(out_dir: str | Path) -> Path | None:
+    """Move an earlier run's artifacts (checkpoints, metrics, plots, rollouts, exports) out of the way.
+
+    A run that starts over in an output directory that already holds one (`runtime.resume=false`, or a run that
+    died before its first checkpoint) would otherwise append to its metrics and prune its checkpoints by step
+    number. Nothing is deleted: they move to `<out_dir>/previous/<time>/`. Returns that folder, or None when
+    there was nothing to move.
+    """
+    out = Path(out_dir)
+    found = [out / name for name in RUN_ARTIFACTS if (out / name).exists()]
+    if not found:
+        return None
+    target = out / "previous" / time.strftime("%Y%m%d-%H%M%S")
+    suffix = 0
+    while target.exists():
+        suffix += 1
+        target = target.with_name(f"{target.name.split('.')[0]}.{suffix}")
+    target.mkdir(parents=True)
+    for path in found:
+        path.rename(target / path.name)
+    return target

@@ -51,8 +51,9 @@ class AgentGroup:
     def __init__(self, agent: AgentConfig, algo: AlgoConfig, *, seed: int, run_dir: str, total_updates: int,
                  device: str, init_weights: str | None = None, start_engine: bool = True,
                  resume_from: str | None = None, call_timeout_s: float = 3600.0, collective_timeout_s: float = 1800.0,
-                 gpus_per_rank: float = 1.0):
-        """`gpus_per_rank` < 1 lets several agents share a GPU (one-GPU benchmarks); clusters use 1."""
+                 gpus_per_rank: float = 1.0, placement_timeout_s: float = 600.0):
+        """`gpus_per_rank` < 1 lets several agents share a GPU (one-GPU benchmarks); clusters use 1.
+        `placement_timeout_s`: how long to wait for Ray to reserve the agent's resources."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -68,7 +69,17 @@ class AgentGroup:
         # hand the GPUs of its vLLM TP group to its engine (runtime.placement)
         runtime_env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if on_gpu else None
         self.placement = placement_group(bundles, strategy="PACK", name=f"hacpo-{agent.name}")
-        ray.get(self.placement.ready(), timeout=600)
+        try:
+            ray.get(self.placement.ready(), timeout=placement_timeout_s)
+        except ray.exceptions.GetTimeoutError as err:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self.placement)  # do not leave a half-reserved group behind
+            have = ray.available_resources()
+            raise WorkerFailure(
+                f"agent {agent.name!r}: Ray could not reserve {world} bundle(s) of {bundles[0]} within "
+                f"{placement_timeout_s:.0f} s (free now: {have.get('GPU', 0):g} GPU, {have.get('CPU', 0):g} CPU); "
+                "are enough nodes in the Ray cluster, and is another agent or job holding them?") from err
         actor_cls = ray.remote(AgentRank)
         self.actors = [
             actor_cls.options(
@@ -128,24 +139,58 @@ class AgentGroup:
             timeout_s: float | None = None) -> list[Any]:
         """`ray.get` that names the agent and rank of a failure, and gives up on a hung rank.
 
-        All futures share one deadline (`timeout_s`, default `runtime.call_timeout_s`): a rank that has not
-        answered by then is reported as hung. A dead actor (killed process, lost node) is reported at once.
+        All futures share one deadline (`timeout_s`, default `runtime.call_timeout_s`): the ranks that have not
+        answered by then are reported as hung. A failure is reported as soon as any rank's call fails, whichever
+        rank it is (the others may be blocked in a collective with it); since one death makes its peers fail
+        too, the report waits a few seconds for them and names a dead actor (killed process, lost node) first.
         """
         import ray
 
         ranks = list(range(len(futures))) if ranks is None else list(ranks)
-        deadline = time.monotonic() + (self.call_timeout_s if timeout_s is None else timeout_s)
-        results = []
-        for rank, future in zip(ranks, futures, strict=True):
-            try:
-                results.append(ray.get(future, timeout=max(deadline - time.monotonic(), 0.0)))
-            except ray.exceptions.GetTimeoutError as err:
-                raise WorkerFailure(f"agent {self.agent.name!r} rank {rank} did not finish {what} within "
-                                    f"{timeout_s or self.call_timeout_s:.0f} s (hung; see runtime.call_timeout_s)") from err
-            except Exception as err:  # RayTaskError / RayActorError wrap the worker's exception
-                raise WorkerFailure(f"agent {self.agent.name!r} rank {rank} failed in {what}: "
-                                    f"{type(err).__name__}: {err}") from err
+        if len(ranks) != len(futures):
+            raise ValueError(f"{len(futures)} futures but {len(ranks)} ranks")
+        limit = self.call_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        pending = {future: (i, rank) for i, (rank, future) in enumerate(zip(ranks, futures, strict=True))}
+        results: list[Any] = [None] * len(futures)
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                hung = sorted(rank for _, rank in pending.values())
+                label = f"rank {hung[0]}" if len(hung) == 1 else f"ranks {', '.join(map(str, hung))}"
+                raise WorkerFailure(f"agent {self.agent.name!r} {label} did not finish {what} within {limit:.0f} s "
+                                    "(hung; see runtime.call_timeout_s)")
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
+            for future in ready:
+                index, rank = pending.pop(future)
+                try:
+                    results[index] = ray.get(future)
+                except Exception as err:  # RayTaskError / RayActorError wrap the worker's exception
+                    raise self._failure(what, rank, err, pending)  # noqa: B904 - its cause is the culprit's error
         return results
+
+    def _failure(self, what: str, rank: int, err: Exception, pending: dict[Any, tuple[int, int]],
+                 grace_s: float = 5.0) -> WorkerFailure:
+        """The report of a failed call: the dead rank if any of the failures is a dead actor, else `rank`."""
+        import ray
+
+        failures = {rank: err}
+        if pending:  # give the peers of a collective a moment to fail as well, then pick the culprit
+            ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=grace_s)
+            for future in ready:
+                try:
+                    ray.get(future)
+                except Exception as other:  # noqa: BLE001 - collected for the report
+                    failures[pending[future][1]] = other
+        dead = [r for r, e in sorted(failures.items()) if isinstance(e, ray.exceptions.RayActorError)]
+        culprit = dead[0] if dead else rank
+        others = sorted(r for r in failures if r != culprit)
+        also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} failed too)" if others else ""
+        cause = failures[culprit]
+        failure = WorkerFailure(f"agent {self.agent.name!r} rank {culprit} failed in {what}: "
+                                f"{type(cause).__name__}: {cause}{also}")
+        failure.__cause__, failure.__suppress_context__ = cause, True
+        return failure
 
     def call_all(self, method: str, *args: Any) -> list[Any]:
         """Launch a collective call on every rank; returns the futures (rank order)."""
@@ -160,10 +205,14 @@ class AgentGroup:
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        try:
-            ray.get([actor.shutdown.remote() for actor in self.actors], timeout=timeout_s)
-        except Exception as err:  # noqa: BLE001 - shutting down after a failure must not hide it
-            logger.warning("agent %s: clean shutdown failed (%s)", self.agent.name, err)
+        deadline = time.monotonic() + timeout_s
+        futures = [actor.shutdown.remote() for actor in self.actors]
+        for rank, future in enumerate(futures):  # each rank on its own: a dead one must not cut the others short
+            try:
+                ray.get(future, timeout=max(deadline - time.monotonic(), 0.0))
+            except Exception as err:  # noqa: BLE001 - shutting down after a failure must not hide it
+                logger.warning("agent %s rank %d: clean shutdown failed (%s: %s)", self.agent.name, rank,
+                               type(err).__name__, err)
         for actor in self.actors:
             ray.kill(actor)
         remove_placement_group(self.placement)

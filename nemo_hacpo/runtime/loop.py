@@ -24,11 +24,17 @@ from nemo_hacpo.broker import AgentRollout, Broker, LearnerTokenizer, Trajectory
 from nemo_hacpo.config import AlgoConfig, HacpoConfig, dump_config
 from nemo_hacpo.data import MathProblem, PromptDataset, problem_to_messages
 from nemo_hacpo.rollout.sampling import call_base_seed
-from nemo_hacpo.runtime.checkpoint import latest_checkpoint, save_run_checkpoint
+from nemo_hacpo.runtime.checkpoint import archive_previous_run, latest_checkpoint, save_run_checkpoint
 from nemo_hacpo.runtime.datasets import load_split
 from nemo_hacpo.runtime.evaluation import evaluate_agents
 from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray
-from nemo_hacpo.runtime.metrics import CrossPathMonitor, MetricsLogger, markdown_table, write_curves
+from nemo_hacpo.runtime.metrics import (
+    CrossPathMonitor,
+    MetricsLogger,
+    drop_records_after,
+    markdown_table,
+    write_curves,
+)
 from nemo_hacpo.runtime.warmstart import ensure_warm_start
 
 logger = logging.getLogger(__name__)
@@ -117,6 +123,12 @@ class HacpoRun:
         (self.out_dir / "config.yaml").write_text(dump_config(cfg))
         start_ray(cfg)
         resume = latest_checkpoint(self.out_dir) if cfg.runtime.resume else None
+        if resume is None:  # starting over: an earlier run's checkpoints and metrics must not mix with this one's
+            moved = archive_previous_run(self.out_dir)
+            if moved is not None:
+                logger.warning("%s held an earlier run (%s); its checkpoints, metrics and outputs were moved to %s",
+                               self.out_dir, "runtime.resume=false" if cfg.runtime.resume is False
+                               else "no complete checkpoint to resume from", moved)
         init: dict[str, str | None] = {a.name: None for a in cfg.agents}
         if cfg.warmstart.enabled:  # also on resume: the reference model is the warm-started policy
             init.update(ensure_warm_start(cfg))
@@ -271,6 +283,10 @@ class HacpoRun:
         self.start()
         sinks = cfg.runtime.logging
         reward = cfg.reward
+        # a resumed run repeats the steps after its checkpoint: drop what the interrupted run logged for them
+        dropped = drop_records_after(self.out_dir / "metrics.jsonl", self.step)
+        if dropped:
+            logger.info("metrics.jsonl: dropped %d record(s) logged after step %d by the interrupted run", dropped, self.step)
         with MathRewardScorer(num_workers=reward.num_workers, timeout_s=reward.timeout_s, strict=reward.strict) as scorer, \
                 MetricsLogger(self.out_dir, sinks, total_steps=cfg.runtime.steps, start_step=self.step,
                               console_keys=("*/reward_mean", "*/eval_accuracy", "*/omega/*"),

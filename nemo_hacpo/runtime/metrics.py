@@ -38,6 +38,32 @@ def format_duration(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def drop_records_after(path: str | Path, step: int) -> int:
+    """Rewrite a metrics JSONL file without its records of steps after `step` (atomically); how many went.
+
+    A torn last line (the process died mid-write) is dropped too.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            dropped += 1
+            continue
+        if isinstance(record, dict) and record.get("step", 0) > step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        tmp.replace(path)
+    return dropped
+
+
 class MetricsLogger:
     """Writes every step's metrics to the chosen sinks; the console line shows progress, rate and ETA."""
 
@@ -61,7 +87,10 @@ class MetricsLogger:
         if "tensorboard" in sinks:
             from torch.utils.tensorboard import SummaryWriter  # lazy: pulls in tensorboard
 
-            self._tb = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
+            # a run resumed at step S repeats the steps an interrupted run may have logged after S: purge_step
+            # makes TensorBoard drop those events (the JSONL file: `drop_records_after` before opening)
+            self._tb = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"),
+                                     purge_step=start_step + 1 if start_step > 0 else None)
         self._wandb = None
         if "wandb" in sinks:
             import wandb  # lazy: optional dependency, checked by config validation

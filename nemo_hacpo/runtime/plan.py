@@ -10,8 +10,11 @@ Estimates (bytes per GPU of the busiest pipeline stage; P_s = that stage's param
                  k = 34/TP with sequence parallel,          recompute; 1F1B keeps ~L layers' worth on stage 0)
                  10 + 24/TP without
     logits       s · b · V / TP · 4 · 3                   (fp32 logits + log-softmax + grad, last stage)
-    vLLM         gpu_memory_utilization · GPU memory      (generation phase; colocated engines sleep during
-                                                           training, the trainer keeps only its weights)
+    reference    P_s · bytes(dtype)                       (β > 0 without `offload_reference`: a frozen copy)
+    vLLM         gpu_memory_utilization · GPU memory      (generation phase; a colocated engine sleeps during
+                                                           training, while it generates the trainer's weights,
+                                                           gradient buffers, optimizer state and reference stay
+                                                           on the GPU next to it: nothing offloads them)
 
 The KV cache left to vLLM after its weights must hold at least one max-length sequence. These are
 estimates for planning, not guarantees: CUDA context, NCCL buffers and fragmentation take a few GB more
@@ -68,6 +71,7 @@ class AgentPlan:
     optimizer: float
     activations: float
     logits: float
+    reference: float
     train_total: float
     vllm_budget: float
     vllm_weights: float
@@ -99,7 +103,9 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
     per_element = 34 / par.tp if par.sequence_parallel else 10 + 24 / par.tp
     activations = arch.num_layers * seq * mbs * arch.hidden_size * per_element * dtype_bytes / 2 / GIB
     logits = seq * mbs * arch.padded_vocab_size(par.tp) / par.tp * 4 * 3 / GIB
-    train_total = weights + gradients + optimizer + activations + logits
+    reference = weights if cfg.algo.kl_coef > 0 and not agent.offload_reference else 0.0
+    train_total = weights + gradients + optimizer + activations + logits + reference
+    resident = weights + gradients + optimizer + reference  # what the trainer keeps on the GPU between steps
 
     gpu_memory = cluster.gpu_memory_gib if cluster.device == "cuda" else float("inf")
     vllm_budget = roll.gpu_memory_utilization * gpu_memory if cluster.device == "cuda" else float(roll.cpu_kvcache_gib)
@@ -107,14 +113,15 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
     kv_per_token = 2 * arch.num_layers * arch.num_query_groups * arch.head_dim * 2 / roll.tensor_parallel_size
     kv_space = vllm_budget - (vllm_weights if cluster.device == "cuda" else 0.0)
     kv_sequences = kv_space * GIB / (kv_per_token * seq)
-    generate_total = (weights if roll.colocated else 0.0) + (vllm_budget if cluster.device == "cuda" else 0.0)
+    generate_total = (resident if roll.colocated else 0.0) + (vllm_budget if cluster.device == "cuda" else 0.0)
 
     problems = []
     if train_total > MARGIN * gpu_memory:
         problems.append(f"training needs ~{train_total:.1f} GiB per GPU > {MARGIN:.0%} of {gpu_memory:.0f} GiB: "
                         "raise tp/pp, use the distributed optimizer, or shrink micro_batch_size")
     if cluster.device == "cuda" and generate_total > MARGIN * gpu_memory:
-        problems.append(f"generation needs ~{generate_total:.1f} GiB per GPU (trainer weights + vLLM) > "
+        problems.append(f"generation needs ~{generate_total:.1f} GiB per GPU (the trainer's resident weights, "
+                        f"gradients, optimizer state and reference, {resident:.1f}, + vLLM's budget) > "
                         f"{MARGIN:.0%} of {gpu_memory:.0f} GiB: lower rollout.gpu_memory_utilization")
     if kv_sequences < 1:
         problems.append(f"vLLM's KV cache ({kv_space:.1f} GiB after weights) cannot hold one {seq}-token sequence: "
@@ -123,7 +130,7 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
         " colocated" if roll.colocated else " separate")
     gpus = par.world_size + (0 if roll.colocated else roll.tensor_parallel_size)
     return AgentPlan(agent.name, gpus, layout, total_parameters(arch), weights, gradients, optimizer, activations,
-                     logits, train_total, vllm_budget, vllm_weights, kv_sequences, generate_total, gpu_memory,
+                     logits, reference, train_total, vllm_budget, vllm_weights, kv_sequences, generate_total, gpu_memory,
                      tuple(problems))
 
 
@@ -132,14 +139,14 @@ def format_plan(plans: list[AgentPlan], cfg: HacpoConfig) -> str:
     lines = [f"plan: {len(plans)} agents, algo={cfg.algo.name}, device={cluster.device}"
              + (f", {cluster.num_nodes} node(s) × {cluster.gpus_per_node} GPU(s) × {cluster.gpu_memory_gib:.0f} GiB"
                 if cluster.device == "cuda" else ""),
-             f"| agent | params | {'GPUs' if cluster.device == 'cuda' else 'ranks'} | layout | weights | grads | optim | activ | logits | train GiB/GPU "
-             "| vLLM GiB | KV seqs | generate GiB/GPU | fits |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"| agent | params | {'GPUs' if cluster.device == 'cuda' else 'ranks'} | layout | weights | grads | optim | activ | logits | ref | "
+             "train GiB/GPU | vLLM GiB | KV seqs | generate GiB/GPU | fits |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in plans:
         size = f"{p.parameters / 1e9:.2f}B" if p.parameters >= 1e9 else f"{p.parameters / 1e6:.2f}M"
         lines.append(f"| {p.name} | {size} | {p.gpus} | {p.layout} | {p.weights:.1f} | "
                      f"{p.gradients:.1f} | {p.optimizer:.1f} | {p.activations:.1f} | {p.logits:.1f} | "
-                     f"{p.train_total:.1f} | {p.vllm_budget:.1f} | {p.kv_cache_sequences:,.0f} | "
+                     f"{p.reference:.1f} | {p.train_total:.1f} | {p.vllm_budget:.1f} | {p.kv_cache_sequences:,.0f} | "
                      f"{p.generate_total:.1f} | {'yes' if p.fits else 'NO'} |")
     if cluster.device == "cuda":
         used, have = sum(p.gpus for p in plans), cluster.num_nodes * cluster.gpus_per_node

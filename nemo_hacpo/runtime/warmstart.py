@@ -36,6 +36,13 @@ def _tokenizer_fingerprint(agent: AgentConfig) -> str | None:
     return tokenizer_path(source).name if source in TOKENIZER_SOURCES else None
 
 
+def warm_start_seed(agent: AgentConfig, cfg: HacpoConfig) -> int:
+    """The seed of an agent's warm start (its random initialisation): fixed by its place in the config, not by
+    which other agents happen to be cached already."""
+    index = next(i for i, a in enumerate(cfg.agents) if a.name == agent.name)
+    return cfg.warmstart.seed + 1000 * index
+
+
 def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
     optimizer = dataclasses.asdict(agent.optimizer)
     for unused in ("lr", "min_lr", "lr_warmup_steps", "lr_decay_style"):  # the warm start sets its own schedule
@@ -43,7 +50,8 @@ def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
     shaping = {"model": dataclasses.asdict(agent.model), "tokenizer": dataclasses.asdict(agent.tokenizer),
                "lengths": [agent.max_prompt_length, agent.max_response_length], "optimizer": optimizer,
                "warmstart": dataclasses.asdict(cfg.warmstart), "system_prompt": cfg.data.system_prompt,
-               "tokenizer_files": _tokenizer_fingerprint(agent), "version": 2}  # 2: one-pass sft objective
+               "tokenizer_files": _tokenizer_fingerprint(agent), "init_seed": warm_start_seed(agent, cfg),
+               "version": 2}  # 2: one-pass sft objective
     for unused in ("cache_dir", "progress_interval"):  # where it is kept and how it reports do not shape it
         shaping["warmstart"].pop(unused)
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
@@ -75,12 +83,13 @@ def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
     prompts = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
     solutions = [p.solution for p in problems]
     groups = []
-    for i, (agent, _) in enumerate(todo):
-        sft_agent = dataclasses.replace(agent, optimizer=dataclasses.replace(
-            agent.optimizer, lr=ws.lr, min_lr=0.0, lr_warmup_steps=min(20, ws.steps // 10), lr_decay_style="cosine"))
-        groups.append(AgentGroup(sft_agent, cfg.algo, seed=ws.seed + 1000 * i, run_dir=str(Path(ws.cache_dir).expanduser()),
-                                 total_updates=ws.steps, device=cfg.runtime.cluster.device, start_engine=False))
     try:
+        for agent, _ in todo:
+            sft_agent = dataclasses.replace(agent, optimizer=dataclasses.replace(
+                agent.optimizer, lr=ws.lr, min_lr=0.0, lr_warmup_steps=min(20, ws.steps // 10), lr_decay_style="cosine"))
+            groups.append(AgentGroup(sft_agent, cfg.algo, seed=warm_start_seed(agent, cfg),
+                                     run_dir=str(Path(ws.cache_dir).expanduser()), total_updates=ws.steps,
+                                     device=cfg.runtime.cluster.device, start_engine=False))
         for group in groups:
             group.wait_ready()
         start = time.perf_counter()

@@ -10,6 +10,7 @@ rank of the agent with the same arguments; generation runs on rank 0, which owns
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 from pathlib import Path
@@ -19,20 +20,6 @@ from typing import Any
 import torch
 
 from nemo_hacpo.config import AgentConfig, AlgoConfig
-
-
-def reserve_port() -> tuple[socket.socket, int]:
-    """A socket bound to a free port, and the port. While the socket stays open neither another bind nor an
-    outgoing connection's automatic local port can take that port; close it right before the port is bound
-    for real. (Returning a port whose socket is already closed leaves a window of seconds in which, say, the
-    other agent's gloo connections may claim it: EADDRINUSE at the rendezvous, seen once in CI.)"""
-    sock = socket.socket()
-    try:
-        sock.bind(("", 0))
-    except OSError:
-        sock.close()
-        raise
-    return sock, sock.getsockname()[1]
 
 
 def _assigned_gpu() -> int | None:
@@ -49,6 +36,17 @@ def _assigned_gpu() -> int | None:
     return int(ids[0]) if ids else None
 
 
+def node_ip_address() -> str:
+    """This node's address as the other nodes reach it (Ray's choice, the one its raylet registered with).
+
+    Not `gethostbyname(gethostname())`: many hosts map their own name to 127.0.1.1 in /etc/hosts, which the
+    ranks on other nodes of a multi-node agent cannot connect to.
+    """
+    import ray.util
+
+    return ray.util.get_node_ip_address()
+
+
 class AgentRank:
     """Rank `rank` of agent `agent.name`. Call `setup` (collective) before anything else."""
 
@@ -57,7 +55,7 @@ class AgentRank:
         self.agent, self.algo, self.rank = agent, algo, rank
         self.collective_timeout_s = collective_timeout_s
         self.seed, self.run_dir, self.total_updates = seed, Path(run_dir), total_updates
-        self._port_reservation: socket.socket | None = None
+        self._store: Any = None  # rank 0: the agent's rendezvous store, listening from `address` on
         self.trainer: Any = None
         self.engine: Any = None
         self.engine_gpus: list[int] | None = None
@@ -66,16 +64,19 @@ class AgentRank:
 
     # ------------------------------------------------------------------------------------------- set-up
     def address(self) -> tuple[str, int]:
-        """Host and a free port of this rank's node (rank 0's becomes the agent's rendezvous); the port stays
-        reserved by this actor until its `setup` binds it."""
-        self._release_port()
-        self._port_reservation, port = reserve_port()
-        return socket.gethostbyname(socket.gethostname()), port
+        """Rank 0: start the agent's rendezvous store on a port the OS picks, and return where it listens.
 
-    def _release_port(self) -> None:
-        if self._port_reservation is not None:
-            self._port_reservation.close()
-            self._port_reservation = None
+        The store listens from here on, so the port cannot be taken while the driver hands it to the other
+        ranks. (Picking a free port, closing it and binding it again later left a window in which another
+        agent's engine or gloo connections could claim it: EADDRINUSE at the rendezvous, seen in CI.)
+        """
+        from torch.distributed import TCPStore
+
+        # asking again replaces the store (the old one, and its port, go once the new one listens)
+        self._store = TCPStore(node_ip_address(), 0, world_size=self.agent.parallel.world_size, is_master=True,
+                               timeout=datetime.timedelta(seconds=self.collective_timeout_s),
+                               wait_for_workers=False)
+        return node_ip_address(), self._store.port
 
     def setup(self, master_addr: str, master_port: int, init_weights: str | None = None,
               start_engine: bool = True, resume_from: str | None = None) -> dict[str, Any]:
@@ -93,9 +94,8 @@ class AgentRank:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         world = self.agent.parallel.world_size
         gpu = _assigned_gpu()
-        self._release_port()  # rank 0's TCP store binds it next
         init_distributed(self.rank, world, master_addr, master_port, timeout_s=self.collective_timeout_s,
-                         local_rank=gpu)
+                         local_rank=gpu, store=self._store if self.rank == 0 else None)
         self.engine_gpus = self._engine_gpus(gpu)
         source = self.agent.tokenizer.source
         self.tokenizer = load_tokenizer(self.agent.model.path if source == "model" else source)

@@ -19,11 +19,13 @@ def default_backend() -> str:
 
 def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1", master_port: int = 29500,
                      backend: str | None = None, *, local_rank: int | None = None,
-                     timeout_s: float = 1800.0) -> None:
+                     timeout_s: float = 1800.0, store: dist.Store | None = None) -> None:
     """Join this agent's world as `rank` of `world_size` (TCP rendezvous at master_addr:master_port).
 
     On CUDA machines the rank's GPU is `local_rank` (default: `rank % device_count`) and the backend NCCL;
     on CPU-only torch the Megatron CPU shim is applied to this thread first and the backend is gloo.
+    `store`: the rendezvous store to use (a worker's rank 0 passes the `TCPStore` it has listened with since
+    it picked the port); by default rank 0 starts one at master_addr:master_port and the others connect.
     """
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already initialised in this process (one agent world per process)")
@@ -33,8 +35,12 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
         from nemo_hacpo.models.megatron_cpu_shim import apply_cpu_shim
 
         apply_cpu_shim()
-    dist.init_process_group(backend or default_backend(), init_method=f"tcp://{master_addr}:{master_port}",
-                            rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:  # rank 0 hosts the store (as torch's tcp:// rendezvous does), the others connect to it
+        store = dist.TCPStore(master_addr, master_port, world_size=world_size, is_master=rank == 0, timeout=timeout,
+                              multi_tenant=True)
+    dist.init_process_group(backend or default_backend(), store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
 
 
 def destroy_distributed() -> None:

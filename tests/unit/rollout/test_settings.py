@@ -77,6 +77,10 @@ def test_cuda_layouts(llama_agent, tmp_path):
     separate = engine_settings(agent, tmp_path, tmp_path, device="cuda")
     assert (separate.enable_sleep_mode, separate.weight_transfer_backend) == (False, "nccl")
     assert (separate.dtype, separate.tensor_parallel_size) == ("bfloat16", 2)
+    # TP > 1 inside a Ray placement group: vLLM's own processes, never its Ray executor (which would wait for
+    # bundles the trainer ranks hold)
+    assert llm_kwargs(separate, generation_config_dir=tmp_path)["distributed_executor_backend"] == "mp"
+    assert "distributed_executor_backend" not in kwargs  # TP 1: vLLM runs in-process ("uni")
     with pytest.raises(ValueError, match="device"):
         engine_settings(llama_agent, tmp_path, tmp_path, device="tpu")  # type: ignore[arg-type]
 

@@ -60,7 +60,11 @@ def test_pair_large_fits_five_nodes_of_h100(large_env):
     # 70B at tp=8, pp=4: the busiest stage holds 20 layers + the embedding ≈ 2.27B params per GPU
     assert llama.weights == pytest.approx(2.27e9 * 2 / 1024**3, rel=0.02)
     assert llama.optimizer == pytest.approx(2.27e9 * 12 / 1024**3, rel=0.02)  # dp=1: nothing to shard
+    assert llama.reference == pytest.approx(llama.weights)  # β = 0.001: a frozen bf16 copy, not offloaded
     assert llama.train_total < 72
+    # while vLLM generates, the trainer's weights, gradient buffers, optimizer state and reference stay put
+    resident = llama.weights + llama.gradients + llama.optimizer + llama.reference
+    assert llama.generate_total == pytest.approx(resident + 0.35 * 80) and llama.generate_total < 72
     text = format_plan(plans, cfg)
     assert "GPUs: 40 of 40 used" in text and "| llama70b | 70.55B | 32 |" in text
 
@@ -78,3 +82,14 @@ def test_kv_cache_too_small_is_refused(large_env):
     plan = plan_agent(cfg.agents[0], model_arch(cfg.agents[0]), cfg)
     # 70B bf16 over vLLM tp=8 is ~16 GiB per GPU: 0.2 · 80 GiB leaves no room for a KV cache
     assert any("KV cache" in p for p in plan.problems)
+
+
+def test_generation_counts_what_the_trainer_keeps_on_the_gpu(large_env):
+    # vLLM's 0.6 · 80 GiB next to ~42 GiB of trainer state cannot fit, though the engine alone would
+    cfg = load_config("pair_large", ["agents.0.rollout.gpu_memory_utilization=0.6"])
+    plan = plan_agent(cfg.agents[0], model_arch(cfg.agents[0]), cfg)
+    assert any(p.startswith("generation needs") and "resident" in p for p in plan.problems), plan.problems
+    base, off = load_config("pair_large"), load_config("pair_large", ["agents.0.offload_reference=true"])
+    kept = plan_agent(base.agents[0], model_arch(base.agents[0]), base)
+    offloaded = plan_agent(off.agents[0], model_arch(off.agents[0]), off)
+    assert offloaded.reference == 0 and offloaded.generate_total == pytest.approx(kept.generate_total - kept.reference)

@@ -4,19 +4,28 @@ warm-start cache keys, dataset sections."""
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import errno
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from nemo_hacpo.config import load_config
 from nemo_hacpo.data import MathProblem
-from nemo_hacpo.runtime.checkpoint import DRIVER_FILE, checkpoints, latest_checkpoint
+from nemo_hacpo.runtime.checkpoint import (
+    DRIVER_FILE,
+    archive_previous_run,
+    checkpoints,
+    latest_checkpoint,
+    save_run_checkpoint,
+)
 from nemo_hacpo.runtime.datasets import load_split
 from nemo_hacpo.runtime.loop import batch_group_ids, own_rollouts
-from nemo_hacpo.runtime.warmstart import warm_start_key
+from nemo_hacpo.runtime.metrics import drop_records_after
+from nemo_hacpo.runtime.warmstart import warm_start_key, warm_start_seed
 
 
 def test_own_rollouts_align_trainer_logprobs_with_response_tokens():
@@ -90,6 +99,66 @@ def test_checkpoint_discovery_ignores_partial_saves(tmp_path):
     assert latest_checkpoint(tmp_path / "nothing") is None
 
 
+class _SavingGroup:
+    """Stands in for an AgentGroup in save_run_checkpoint: `save` writes a file where the trainer would."""
+
+    def call_all(self, method, path, step):
+        assert method == "save"
+        Path(path).mkdir(parents=True)
+        (Path(path) / "weights").write_text(str(step))
+        return []
+
+    def get(self, futures, what):
+        return []
+
+
+def test_keep_last_n_never_prunes_the_checkpoint_just_written(tmp_path):
+    groups = {"a": _SavingGroup()}
+    for step in (1, 2, 3):
+        save_run_checkpoint(tmp_path, step, {"step": step}, groups, keep=2)
+    assert [c.step for c in checkpoints(tmp_path)] == [2, 3]
+    # checkpoints of higher steps lying there (another run's) do not push out the one just written
+    save_run_checkpoint(tmp_path, 9, {"step": 9}, groups, keep=0)
+    save_run_checkpoint(tmp_path, 4, {"step": 4}, groups, keep=2)
+    assert [c.step for c in checkpoints(tmp_path)] == [3, 4, 9]
+    save_run_checkpoint(tmp_path, 5, {"step": 5}, groups, keep=3)  # keep 3: two earlier ones stay
+    assert [c.step for c in checkpoints(tmp_path)] == [3, 4, 5, 9]
+
+
+def test_starting_over_moves_the_earlier_run_aside(tmp_path):
+    assert archive_previous_run(tmp_path) is None  # nothing there: nothing moved
+    save_run_checkpoint(tmp_path, 5, {"step": 5}, {"a": _SavingGroup()})
+    (tmp_path / "metrics.jsonl").write_text('{"step": 5}\n')
+    (tmp_path / "config.yaml").write_text("x: 1\n")
+    (tmp_path / "notes.txt").write_text("the user's own file\n")
+    moved = archive_previous_run(tmp_path)
+    assert moved.parent == tmp_path / "previous"
+    assert sorted(p.name for p in moved.iterdir()) == ["checkpoints", "metrics.jsonl"]
+    assert latest_checkpoint(tmp_path) is None and latest_checkpoint(moved).step == 5  # intact, just elsewhere
+    assert (tmp_path / "notes.txt").is_file() and (tmp_path / "config.yaml").is_file()
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    assert archive_previous_run(tmp_path) != moved  # a second start-over in the same second gets its own folder
+
+
+def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert drop_records_after(path, 3) == 0  # no file yet
+    path.write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in range(6)) + '{"step": 6, "x"')
+    assert drop_records_after(path, 3) == 3  # steps 4, 5 and the torn last line
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+    assert drop_records_after(path, 3) == 0 and not (tmp_path / "metrics.jsonl.tmp").exists()
+
+
+def test_warm_start_seed_follows_the_agents_place_in_the_config_not_the_cache():
+    pair = load_config()
+    assert [warm_start_seed(a, pair) for a in pair.agents] == [pair.warmstart.seed, pair.warmstart.seed + 1000]
+    # the same agent at another place starts from another initialisation: another cache entry
+    pair_gpt = pair.agents[1]
+    moved = dataclasses.replace(pair, agents=[pair.agents[1], pair.agents[0]])
+    assert warm_start_seed(pair_gpt, moved) == pair.warmstart.seed
+    assert warm_start_key(pair_gpt, moved) != warm_start_key(pair_gpt, pair)
+
+
 def test_warm_start_key_tracks_what_shapes_the_checkpoint():
     base = load_config()
     key = warm_start_key(base.agents[0], base)
@@ -160,17 +229,23 @@ def _bind(port: int) -> None:
         other.bind(("", port))
 
 
-def test_rank_zero_keeps_its_rendezvous_port_reserved_until_setup(tmp_path):
+def test_rank_zero_listens_on_its_rendezvous_port_from_the_moment_it_names_it(tmp_path):
+    from torch.distributed import TCPStore
+
     from nemo_hacpo.runtime.worker import AgentRank
 
     cfg = load_config("pair_tiny", ["warmstart.enabled=false"])
-    rank = AgentRank(cfg.agents[0], cfg.algo, 0, seed=0, run_dir=str(tmp_path), total_updates=1)
-    _, port = rank.address()
+    rank = AgentRank(cfg.agents[0], cfg.algo, 0, seed=0, run_dir=str(tmp_path), total_updates=1,
+                     collective_timeout_s=10)
+    host, port = rank.address()
     with pytest.raises(OSError) as taken:  # nobody else can bind it while the driver passes it to every rank
         _bind(port)
     assert taken.value.errno == errno.EADDRINUSE
-    _, second = rank.address()  # asking again moves the reservation
+    # it is the store itself: another rank connects and sees what rank 0 writes
+    client = TCPStore(host, port, world_size=1, is_master=False, timeout=datetime.timedelta(seconds=10))
+    rank._store.set("hello", "world")
+    assert client.get("hello") == b"world"
+    del client
+    _, second = rank.address()  # asking again replaces the store and frees the first port
+    assert second != port
     _bind(port)
-    rank._release_port()  # what setup does right before the TCP store binds it
-    _bind(second)
-    rank._release_port()  # idempotent

@@ -1,0 +1,90 @@
+"""AgentGroup.get on real Ray actors: which rank a failure or a hang is blamed on, and how fast.
+
+In a collective call every rank waits on the others, so when rank 1 dies, rank 0 stays blocked (NCCL) or fails
+later with a connection error (gloo). The report must name the rank that died, at once, not whichever rank the
+driver happened to wait on first.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure
+
+pytestmark = pytest.mark.integration
+
+
+class _Rank:
+    def block(self, seconds: float) -> str:
+        time.sleep(seconds)
+        return "late"
+
+    def die(self) -> None:
+        os._exit(1)  # the process is gone, as after the OOM killer or a lost node
+
+    def fail(self) -> None:
+        raise RuntimeError("connection reset by peer")  # what a blocked peer sees once the dead rank is gone
+
+    def ok(self, value: int) -> int:
+        return value
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=3, include_dashboard=False, logging_level="ERROR")
+    yield ray
+    ray.shutdown()
+
+
+def _group(ray, world: int) -> AgentGroup:
+    group = object.__new__(AgentGroup)  # the call logic only; the actors are plain ones, not trainers
+    group.agent = SimpleNamespace(name="llama70b")
+    group.call_timeout_s = 60.0
+    group.actors = [ray.remote(num_cpus=1)(_Rank).remote() for _ in range(world)]
+    ray.get([actor.ok.remote(0) for actor in group.actors])  # started: the deadlines below time calls, not start-up
+    return group
+
+
+def test_results_come_back_in_rank_order(ray_local):
+    group = _group(ray_local, 3)
+    futures = [group.actors[r].ok.remote(r * 10) for r in (2, 0, 1)]
+    assert group.get(futures, "ok", ranks=[2, 0, 1]) == [20, 0, 10]
+    for actor in group.actors:
+        ray_local.kill(actor)
+
+
+def test_a_dead_rank_is_named_at_once_while_its_peer_is_blocked(ray_local):
+    group = _group(ray_local, 2)
+    futures = [group.actors[0].block.remote(60), group.actors[1].die.remote()]
+    start = time.monotonic()
+    with pytest.raises(WorkerFailure, match=r"agent 'llama70b' rank 1 failed in train: \w*Actor\w*Error"):
+        group.get(futures, "train")
+    assert time.monotonic() - start < 30  # not the 60 s rank 0 is stuck for
+    for actor in group.actors:
+        ray_local.kill(actor)
+
+
+def test_the_dead_rank_is_blamed_even_when_a_peer_reports_first(ray_local):
+    group = _group(ray_local, 3)
+    futures = [group.actors[0].fail.remote(), group.actors[1].ok.remote(1), group.actors[2].die.remote()]
+    with pytest.raises(WorkerFailure, match=r"(?s)rank 2 failed in train: .*\(rank 0 failed too\)"):
+        group.get(futures, "train")
+    for actor in group.actors:
+        ray_local.kill(actor)
+
+
+def test_every_hung_rank_is_named(ray_local):
+    group = _group(ray_local, 3)
+    futures = [group.actors[0].ok.remote(0), group.actors[1].block.remote(8), group.actors[2].block.remote(8)]
+    start = time.monotonic()
+    with pytest.raises(WorkerFailure, match=r"agent 'llama70b' ranks 1, 2 did not finish save within 2 s"):
+        group.get(futures, "save", timeout_s=2.0)
+    assert time.monotonic() - start < 6
+    for actor in group.actors:
+        ray_local.kill(actor)

@@ -1,0 +1,77 @@
+"""slurm/hacpo_70b_8b.sh with stand-ins for srun/scontrol/squeue/scancel: what it asks Slurm to run.
+
+The real job runs under a single-node Slurm in tests/integration/slurm (on the host). This checks the parts that
+need a multi-node allocation or pyxis, which no CI machine has: one Ray step per node, the driver on the head
+node, and with a container image every step in the job's one named container with the data mounted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "slurm" / "hacpo_70b_8b.sh"
+
+FAKE_SRUN = r"""#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["SRUN_LOG"], "a") as log:
+    log.write(json.dumps({"argv": sys.argv[1:], "pythonpath": os.environ.get("PYTHONPATH", "")}) + "\n")
+if "hostname" in sys.argv:
+    print("10.0.0.1")
+"""
+
+
+def _run_job(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'node1\\nnode2\\n'\n")
+    for tool in ("squeue", "scancel"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    log = tmp_path / "srun.jsonl"
+    full_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "SRUN_LOG": str(log),
+                "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_GPUS_ON_NODE": "8",
+                "SLURM_CPUS_PER_TASK": "16", "SLURM_SUBMIT_DIR": str(REPO),
+                "HACPO_OUTPUT_DIR": str(tmp_path / "out"), **env}
+    done = subprocess.run(["bash", str(SCRIPT), "runtime.steps=2"], env=full_env, capture_output=True, text=True,
+                          timeout=60)
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    return done, calls
+
+
+def test_one_ray_step_per_node_and_the_driver_on_the_head(tmp_path):
+    done, calls = _run_job(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    starts = [c for c in calls if "start" in c["argv"] and "--block" in c["argv"]]
+    assert [c["argv"][c["argv"].index("-w") + 1] for c in starts] == ["node1", "node2"]
+    assert "--head" in starts[0]["argv"] and "--address=10.0.0.1:6379" in starts[1]["argv"]
+    assert all("--num-gpus=8" in c["argv"] and "--num-cpus=16" in c["argv"] for c in starts)
+    driver = next(c for c in calls if any(a.endswith("recipes/train.py") for a in c["argv"]))
+    assert driver["argv"][driver["argv"].index("-w") + 1] == "node1"
+    assert "runtime.cluster.ray_address=10.0.0.1:6379" in driver["argv"] and "runtime.steps=2" in driver["argv"]
+    assert "runtime.cluster.num_nodes=2" in driver["argv"]
+    assert not any(a.startswith("--container") for c in calls for a in c["argv"])  # on the host without an image
+
+
+def test_with_an_image_every_step_shares_the_jobs_container_and_sees_the_data(tmp_path):
+    ckpt = tmp_path / "ckpt" / "Llama-3.3-70B-Instruct"
+    ckpt.mkdir(parents=True)
+    data = tmp_path / "data"
+    data.mkdir()
+    done, calls = _run_job(tmp_path, CONTAINER_IMAGE="/images/hacpo.sqsh", HACPO_LLAMA70B_PATH=str(ckpt),
+                           HACPO_TRAIN_DATA=str(data / "math_train.jsonl"), CONTAINER_MOUNTS="/scratch:/scratch:ro")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert len(calls) >= 5  # hostname, 2 Ray starts, 2 waits, the driver
+    for call in calls:
+        argv = call["argv"]
+        # one named container for the whole job: the driver and the raylet of a node share its /tmp sockets
+        assert "--container-image=/images/hacpo.sqsh" in argv and "--container-name=hacpo-4242" in argv
+        mounts = next(a for a in argv if a.startswith("--container-mounts=")).split("=", 1)[1].split(",")
+        assert f"{REPO}:{REPO}" in mounts and f"{tmp_path / 'out'}:{tmp_path / 'out'}" in mounts
+        assert f"{ckpt}:{ckpt}" in mounts and f"{data}:{data}" in mounts and "/scratch:/scratch:ro" in mounts
+        assert call["pythonpath"].split(":")[0] == str(REPO)  # the checkout's package, not the image's copy
