@@ -24,6 +24,15 @@ class WorkerFailure(RuntimeError):
     """An agent's worker failed; the message names the agent, the rank and the call."""
 
 
+def ranks_by_node(bundle_nodes: dict[int, str]) -> list[int]:
+    """The bundle of each rank: bundles grouped by node (nodes in the order of their first bundle), in bundle
+    order within a node. `bundle_nodes`: Ray's `bundles_to_node_id` of a placement group."""
+    first_bundle: dict[str, int] = {}
+    for bundle in sorted(bundle_nodes):
+        first_bundle.setdefault(bundle_nodes[bundle], bundle)
+    return sorted(bundle_nodes, key=lambda bundle: (first_bundle[bundle_nodes[bundle]], bundle))
+
+
 def start_ray(cfg: HacpoConfig) -> None:
     """Join `runtime.cluster.ray_address`, or start a local Ray with enough logical CPUs for every rank."""
     import ray
@@ -80,12 +89,18 @@ class AgentGroup:
                 f"agent {agent.name!r}: Ray could not reserve {world} bundle(s) of {bundles[0]} within "
                 f"{placement_timeout_s:.0f} s (free now: {have.get('GPU', 0):g} GPU, {have.get('CPU', 0):g} CPU); "
                 "are enough nodes in the Ray cluster, and is another agent or job holding them?") from err
+        from ray.util.placement_group import placement_group_table
+
+        # rank r → bundle: PACK does not promise that bundles r..r+7 share a node; ranks go node by node so that
+        # a tensor-parallel group of consecutive ranks (and a vLLM TP group) never straddles two nodes
+        bundle_of_rank = ranks_by_node(placement_group_table(self.placement)["bundles_to_node_id"])
         actor_cls = ray.remote(AgentRank)
         self.actors = [
             actor_cls.options(
                 num_cpus=1, num_gpus=gpus_per_rank if on_gpu else 0, name=f"hacpo-{agent.name}-rank{rank}",
                 runtime_env=runtime_env,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.placement, placement_group_bundle_index=rank),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement, placement_group_bundle_index=bundle_of_rank[rank]),
             ).remote(agent, algo, rank, seed=seed, run_dir=run_dir, total_updates=total_updates,
                      collective_timeout_s=collective_timeout_s)
             for rank in range(world)

@@ -249,3 +249,16 @@ def test_rank_zero_listens_on_its_rendezvous_port_from_the_moment_it_names_it(tm
     _, second = rank.address()  # asking again replaces the store and frees the first port
     assert second != port
     _bind(port)
+
+
+def test_ranks_go_node_by_node_whatever_order_ray_placed_the_bundles():
+    from nemo_hacpo.runtime.groups import ranks_by_node
+
+    assert ranks_by_node({0: "a", 1: "a", 2: "a"}) == [0, 1, 2]  # one node: rank r on bundle r
+    # PACK put bundles 0, 2, 4, 6 on node a and 1, 3, 5, 7 on node b: TP=4 groups of ranks 0-3 and 4-7 each
+    # land on one node
+    interleaved = {b: "ab"[b % 2] for b in range(8)}
+    order = ranks_by_node(interleaved)
+    assert order == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert {interleaved[b] for b in order[:4]} == {"a"} and {interleaved[b] for b in order[4:]} == {"b"}
+
