@@ -127,7 +127,7 @@ class HacpoRun:
             moved = archive_previous_run(self.out_dir)
             if moved is not None:
                 logger.warning("%s held an earlier run (%s); its checkpoints, metrics and outputs were moved to %s",
-                               self.out_dir, "runtime.resume=false" if cfg.runtime.resume is False
+                               self.out_dir, "runtime.resume=false" if not cfg.runtime.resume
                                else "no complete checkpoint to resume from", moved)
         init: dict[str, str | None] = {a.name: None for a in cfg.agents}
         if cfg.warmstart.enabled:  # also on resume: the reference model is the warm-started policy
