@@ -72,11 +72,12 @@ class AgentRank:
         """
         from torch.distributed import TCPStore
 
+        host = node_ip_address()
         # asking again replaces the store (the old one, and its port, go once the new one listens)
-        self._store = TCPStore(node_ip_address(), 0, world_size=self.agent.parallel.world_size, is_master=True,
+        self._store = TCPStore(host, 0, world_size=self.agent.parallel.world_size, is_master=True,
                                timeout=datetime.timedelta(seconds=self.collective_timeout_s),
                                wait_for_workers=False)
-        return node_ip_address(), self._store.port
+        return host, self._store.port
 
     def setup(self, master_addr: str, master_port: int, init_weights: str | None = None,
               start_engine: bool = True, resume_from: str | None = None) -> dict[str, Any]:
