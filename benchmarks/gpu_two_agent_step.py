@@ -148,15 +148,17 @@ def start_shared_agents(run, gpu_fraction: float) -> None:
     cfg = run.cfg
     tick = time.perf_counter()
     for i, agent in enumerate(cfg.agents):
-        group = AgentGroup(agent, cfg.algo, seed=cfg.runtime.seed + 1000 * i, run_dir=str(run.out_dir),
+        group = AgentGroup(agent, seed=cfg.runtime.seed + 1000 * i, run_dir=str(run.out_dir),
                            total_updates=cfg.runtime.steps * cfg.algo.updates_per_step, device="cuda",
-                           gpus_per_rank=gpu_fraction)
+                           keep_reference=cfg.algo.kl_coef > 0, gpus_per_rank=gpu_fraction,
+                           log_dir=str(run.out_dir / "logs"))
         run.groups[agent.name] = group
         print(f"# {agent.name}: {group.wait_ready()[0]}", flush=True)
     print(f"# agents ready in {time.perf_counter() - tick:.0f} s", flush=True)
     tokenizers = {a.name: LearnerTokenizer(load_tokenizer(a.tokenizer.source), a.max_response_length,
                                            a.tokenizer.chat_template) for a in cfg.agents}
-    run.broker = Broker(run.agents, tokenizers, mode="hacpo", tracker=run.tracker, adv_eps=cfg.algo.adv_eps)
+    run.broker = Broker(run.agents, tokenizers, algorithm=cfg.algo.algorithm, tracker=run.tracker,
+                        adv_eps=cfg.algo.adv_eps)
 
 
 def timed_steps(run, steps: int) -> list[dict[str, float]]:
@@ -201,26 +203,27 @@ def train_only(name: str, spec: TinyModelSpec, tokenizer: str, label: str, args:
     import torch
 
     from nemo_hacpo.config import AlgoConfig
-    from nemo_hacpo.models.spec import model_arch
+    from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.models.tokenizers import load_tokenizer
     from nemo_hacpo.training import MegatronTrainer
     from nemo_hacpo.training.flops import batch_flops
+    from nemo_hacpo.training.objective import Objective
 
     vocab = len(load_tokenizer(tokenizer))
     agent = agent_config(f"{name}_{label}", spec, tokenizer, args, mfu.PRECISIONS[label])
     arch = model_arch(agent, tokenizer_vocab=vocab)
     trainer = MegatronTrainer(agent, arch, seed=0, total_updates=args.updates * (args.steps + 1))
-    algo = AlgoConfig(updates_per_step=args.updates, kl_coef=0.0)
+    objective = Objective.of(AlgoConfig(updates_per_step=args.updates, kl_coef=0.0))
     try:
         rows = mfu.make_rows(args.train_rows, args.train_seq_len, args.prompt_len, vocab)
         times = []
         for step in range(args.steps + 1):  # step 0 = warm-up
-            rows = dataclasses.replace(rows, behaviour_mean_logprob=trainer.compute_mean_logprobs(rows))
+            rows = rows.replace(old_mean_logprob=trainer.compute_mean_logprobs(rows.token_ids, rows.response_mask))
             torch.cuda.synchronize()
-            metrics = trainer.train_step(rows, algo, step)
+            metrics = trainer.train_step(rows, objective, step)
             torch.cuda.synchronize()
             if step > 0:
-                times.append(metrics["step_time_s"])
+                times.append(metrics.step_time_s)
         seconds = sum(times) / len(times)
         tflops = batch_flops(arch, [args.train_seq_len] * args.train_rows, backward=True) / seconds / 1e12
         return {"part": "train only", "what": f"{args.updates} updates", "agent": name, "precision": label,
@@ -233,8 +236,16 @@ def train_only(name: str, spec: TinyModelSpec, tokenizer: str, label: str, args:
         torch.cuda.empty_cache()
 
 
+def free_port() -> int:
+    """A port nobody listens on now (the single-rank world binds it right after)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def train_part(args: argparse.Namespace, peak: float | None) -> list[dict[str, object]]:
-    from nemo_hacpo.runtime.worker import free_port
     from nemo_hacpo.training import destroy_distributed, init_distributed
 
     init_distributed(0, 1, "127.0.0.1", free_port())

@@ -13,7 +13,7 @@ import argparse
 import random
 import time
 
-from nemo_hacpo.rewards.pool import MathRewardScorer
+from nemo_hacpo.rewards.scorer import MathRewardScorer
 
 _FILLER = (
     "Let us compute step by step. First we note that $a + b = {a}$ and $a \\cdot b = {b}$, "

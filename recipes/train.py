@@ -31,7 +31,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def print_plan(cfg) -> int:
-    from nemo_hacpo.models.spec import model_arch
+    from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.models.tokenizers import load_tokenizer
     from nemo_hacpo.runtime.plan import format_plan, plan_agent
 

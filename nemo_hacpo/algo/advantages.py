@@ -1,4 +1,4 @@
-"""Group-relative advantages: GRPO/GSPO's per-group z-score and HACPO's capability-aware baseline (spec §2).
+"""Group-relative advantages: GRPO/GSPO's per-group z-score and HACPO's capability-aware baseline (algorithm.md §2).
 
 Advantages are functions of rewards only (data, no autograd graph is intended). All statistics are per
 prompt: `B` prompts, `G` responses per agent, `n` agents; the *joint group* of a prompt is its `n·G`
@@ -99,7 +99,7 @@ def hacpo_baseline(
     *,
     guards: bool = True,
 ) -> torch.Tensor:
-    """Learner `k`'s capability-aware baseline per prompt (spec §2).
+    """Learner `k`'s capability-aware baseline per prompt (algorithm.md §2).
 
         μ_k[b] = (1 / nG) · Σ_j Σ_i r[b, j, i] / ω(j→k)          with omega[j] = ω(j→k), omega[k] = 1
 
@@ -134,7 +134,7 @@ def hacpo_advantages(
     *,
     guards: bool = True,
 ) -> torch.Tensor:
-    """Learner `k`'s advantage of every response of the joint group (self and cross alike, spec §2).
+    """Learner `k`'s advantage of every response of the joint group (self and cross alike, algorithm.md §2).
 
         A[b, j, i] = (r[b, j, i] − μ_k[b]) / (σ[b] + eps)
         μ_k = :func:`hacpo_baseline` (capability-weighted, guarded);  σ[b] = std_unbiased(all n·G rewards)

@@ -1,4 +1,4 @@
-"""Capability tracking: the rolling accuracy of every agent and the ratios ω derived from it (spec §1).
+"""Capability tracking: the rolling accuracy of every agent and the ratios ω derived from it (algorithm.md §1).
 
     P̂_k,t  = max(floor, mean(P_k,τ for the last `window` steps τ ≤ t))     # current step included
     ω(j→k) = clip(P̂_j / P̂_k, lo, hi)        ω(k→k) = 1        ω = 1 during warm-up
@@ -24,7 +24,7 @@ STATE_VERSION = 1
 
 
 def step_accuracy(rewards: torch.Tensor) -> float:
-    """`P_k,τ`: the fraction of agent k's responses of one step with reward > 0 (spec §1).
+    """`P_k,τ`: the fraction of agent k's responses of one step with reward > 0 (algorithm.md §1).
 
         P = (1 / numel) · Σ [r > 0]          rewards: any shape, e.g. `[B, G]` for one agent
 

@@ -1,4 +1,4 @@
-"""Policy losses: HACPO (spec §5–6), its special case GSPO, token-level GRPO, and the k3 KL estimator.
+"""Policy losses: HACPO (algorithm.md §5–6), its special case GSPO, token-level GRPO, and the k3 KL estimator.
 
 Every loss returns `(loss, metrics)`. `loss` is a 0-d tensor carrying the gradient; `metrics` maps names
 to **0-d detached tensors** on the input's device (no host synchronisation; call `.item()` to log).

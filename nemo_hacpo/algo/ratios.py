@@ -1,4 +1,4 @@
-"""Sequence-level log-probabilities, GSPO ratios and the stepwise cross-sample clip bound (spec §4, §5)."""
+"""Sequence-level log-probabilities, GSPO ratios and the stepwise cross-sample clip bound (algorithm.md §4, §5)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def masked_token_sum(token_values: torch.Tensor, mask: torch.Tensor) -> tuple[to
 
 
 def sequence_mean_logprob(token_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Length-normalised log-probability of each sequence in its own tokenization (spec §4).
+    """Length-normalised log-probability of each sequence in its own tokenization (algorithm.md §4).
 
         m[n] = (1 / L[n]) · Σ_t log π(y_t | …)·[mask[n, t]]          L[n] = Σ_t [mask[n, t]]
 
@@ -80,7 +80,7 @@ def sequence_log_ratio(
 
 
 def cross_clip_lower(update_index: int, delta: float, delta_step: float) -> float:
-    """Stepwise lower clip bound for cross samples: `lo_u = min(1, 1 − δ + u · δ_step)` (spec §5).
+    """Stepwise lower clip bound for cross samples: `lo_u = min(1, 1 − δ + u · δ_step)` (algorithm.md §5).
 
     `u` is the 0-based index of the optimizer update inside the current training step. Example:
     δ = 0.2, δ_step = 0.025 → u = 0, 1, 2, 3 give 0.8, 0.825, 0.85, 0.875; u ≥ 8 gives 1.

@@ -1,63 +1,57 @@
-"""The per-step broker: every agent's rollouts in, one training view per learner out (spec §1–2, §6–7).
+"""The per-step broker: every agent's rollouts in, one `TrainingRows` per learner out (algorithm.md §1–3, §6–7).
 
     rollouts[agent] ──► accuracy per agent ──► CapabilityTracker.update
                     ──► rewards [B, n, G] ──► per learner k: advantages (its baseline, its ω)
-                    ──► self rows (own generated ids) + cross rows (re-encoded for k), self first
+                    ──► own rows (the generated ids) + other agents' rows (re-encoded for k), own first
 
-The same code path serves every algorithm of the baseline table:
-
-| mode      | rows                | advantage                              | per-row ω   | cross rows marked |
-|-----------|---------------------|----------------------------------------|-------------|-------------------|
-| hacpo     | self + (n−1)·G cross | `hacpo_advantages(rewards, k, ω)`      | ω(j→k)      | cross             |
-| naive     | self + (n−1)·G cross | `hacpo_advantages(rewards, k, 1)`      | 1           | self (GSPO clip)  |
-| isolated  | self only           | `group_advantages(rewards[:, k])`      | 1           | —                 |
-
-Ablations (hacpo only): `capability_baseline=False` puts ω = 1 in the baseline; `gradient_modulation=False`
-puts ω = 1 on the rows.
+What the rows look like is decided by the algorithm's registry entry (`nemo_hacpo.algo.registry`), not by its
+name: `shares_rollouts` (are other agents' rows added), `capability_baseline` (ω in the baseline, else the
+plain mean), `omega_on_rows` (ω as the rows' gradient weight, else 1) and `cross_objective` (do other agents'
+rows get the cross objective, else the own-row one). The ablation switches arrive already applied
+(`AlgoConfig.algorithm`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from nemo_hacpo.algo import CapabilityTracker, group_advantages, hacpo_advantages
-from nemo_hacpo.broker.pool import ReencodePool
+from nemo_hacpo.algo.registry import Algorithm
+from nemo_hacpo.algo.rows import TrainingRows
 from nemo_hacpo.broker.reencode import ReencodeError
+from nemo_hacpo.broker.reencode_pool import ReencodePool
 from nemo_hacpo.broker.trajectory import Trajectory
 
-Mode = Literal["hacpo", "naive", "isolated"]
-MODES = ("hacpo", "naive", "isolated")
-
-
-def broker_mode(algo_name: str) -> Mode:
-    """Map an algorithm name of the config onto a broker mode."""
-    if algo_name in ("hacpo", "naive"):
-        return algo_name  # type: ignore[return-value]
-    if algo_name in ("gspo", "gspo_x2", "grpo"):
-        return "isolated"
-    raise ValueError(f"unknown algorithm {algo_name!r}")
+COUNTS = ("self_rows", "cross_rows", "reencode_truncated", "reencode_separate", "reencode_failed", "trained_rows")
+"""Per-learner row counts of a step (logged as `<learner>/broker/<count>`)."""
 
 
 @dataclass(frozen=True)
 class AgentRollout:
     """An agent's own response: the neutral `Trajectory` plus the exact ids it generated.
 
-    `token_ids` = prompt ids + generated response ids (with the agent's EOS when it finished);
-    `response_mask` is 1 exactly on the generated part.
+    `token_ids` = prompt ids + generated response ids (with the agent's EOS when it finished); `response_mask`
+    is 1 exactly on the generated part. `old_token_logprobs` (`[len(token_ids) − 1]`, the shifted layout: entry
+    t scores token t + 1) are the agent's trainer's per-token log-probs at the sampling weights, carried only
+    when the agent's loss needs them (token level; `Algorithm.needs_old_token_logprobs`).
     """
 
     trajectory: Trajectory
     token_ids: list[int]
     response_mask: list[int]
+    old_token_logprobs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.response_mask):
             raise ValueError(f"token_ids ({len(self.token_ids)}) and response_mask ({len(self.response_mask)}) "
                              f"differ in length for {self.trajectory.source}/{self.trajectory.prompt_id}")
+        if self.old_token_logprobs is not None and tuple(self.old_token_logprobs.shape) != (len(self.token_ids) - 1,):
+            raise ValueError(f"old_token_logprobs must have shape [{len(self.token_ids) - 1}] (one per predicted "
+                             f"token), got {tuple(self.old_token_logprobs.shape)}")
 
 
 @dataclass(frozen=True)
@@ -70,80 +64,55 @@ class LearnerTokenizer:
 
 
 @dataclass
-class LearnerView:
-    """One learner's training rows for the step, ordered self first, cross last (not shuffled).
-
-    Row-aligned fields, N rows: `token_ids`/`response_mask` (lists of length-varying lists), and tensors
-    `advantages [N]`, `is_cross [N] bool` (as the loss must treat the row), `omega [N]` (gradient weight),
-    `behaviour_mean_logprob [N]` (m_k,old for own rows, m_j,old for others'), `source [N]` (agent index),
-    `prompt_index [N]`, `rewards [N]`, `truncated [N] bool` (re-encoding cut the response).
-    """
-
-    learner: str
-    token_ids: list[list[int]]
-    response_mask: list[list[int]]
-    advantages: torch.Tensor
-    is_cross: torch.Tensor
-    omega: torch.Tensor
-    behaviour_mean_logprob: torch.Tensor
-    source: torch.Tensor
-    prompt_index: torch.Tensor
-    rewards: torch.Tensor
-    truncated: torch.Tensor
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
-
-@dataclass
 class BrokerStep:
-    """What one broker step returns: a view per learner plus the step's capability numbers."""
+    """What one broker step returns: the rows of every learner plus the step's capability numbers."""
 
-    views: dict[str, LearnerView]
+    rows: dict[str, TrainingRows]
     accuracy: dict[str, float]
     capability: dict[str, float]
-    omega: dict[str, dict[str, float]]  # omega[learner][source]
+    omega: dict[str, dict[str, float]]
+    """omega[learner][source] = ω(source→learner), the tracker's capability ratio (whether or not the algorithm
+    uses it; the weight the rows carry is in `rows[learner].omega`)."""
     generated: dict[str, int]
-    failures: list[str]
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    """counts[learner][name] for every name of `COUNTS`."""
+    failures: list[str] = field(default_factory=list)
 
     def metrics(self) -> dict[str, float]:
         out: dict[str, float] = {}
-        for learner, view in self.views.items():
+        for learner, rows in self.rows.items():
             out[f"{learner}/accuracy"] = self.accuracy[learner]
             out[f"{learner}/capability"] = self.capability[learner]
             out[f"{learner}/rollouts_generated"] = float(self.generated[learner])
-            for key, value in view.counts.items():
+            for key, value in self.counts[learner].items():
                 out[f"{learner}/broker/{key}"] = float(value)
             for source, value in self.omega[learner].items():
                 if source != learner:
                     out[f"{learner}/omega/{source}"] = value
-            out.update({f"{learner}/{k}": v for k, v in advantage_stats(view).items()})
+            out.update({f"{learner}/{k}": v for k, v in advantage_stats(rows).items()})
         return out
 
 
-def advantage_stats(view: LearnerView) -> dict[str, float]:
-    """Mean / std / min / max of the advantages of the view's own rows and other agents' rows (`adv/self_mean`,
-    `adv/cross_mean`, ...), the fraction of rows with A = 0 (groups with equal rewards carry no signal) and the
-    mean ω of other agents' rows (`adv/cross_omega_mean`)."""
+def advantage_stats(rows: TrainingRows) -> dict[str, float]:
+    """Mean / std / min / max of the advantages of the learner's own rows and of the other agents' rows
+    (`adv/self_mean`, `adv/cross_mean`, ...), the fraction of rows with A = 0 (groups with equal rewards carry no
+    signal) and the mean gradient weight ω of other agents' rows (`adv/cross_omega_mean`) — whatever objective
+    the loss applies to them (naive sharing trains them like own rows)."""
     out: dict[str, float] = {}
-    if len(view) == 0:
+    if len(rows) == 0:
         return out
-    adv = view.advantages.double()
+    adv = rows.advantages.double()
     out["adv/zero_frac"] = float((adv == 0).double().mean())
-    # own rows come first (`counts["self_rows"]` of them), other agents' after — whatever the loss makes of
-    # them (naive sharing treats every row as its own)
-    others = torch.arange(len(view)) >= view.counts.get("self_rows", len(view))
-    for kind, rows in (("self", ~others), ("cross", others)):
-        values = adv[rows]
+    for kind, selected in (("self", rows.is_own), ("cross", ~rows.is_own)):
+        values = adv[selected]
         if values.numel() == 0:
             continue
         out[f"adv/{kind}_mean"] = float(values.mean())
         out[f"adv/{kind}_std"] = float(values.std(unbiased=False))
         out[f"adv/{kind}_min"] = float(values.min())
         out[f"adv/{kind}_max"] = float(values.max())
-    if bool(others.any()):
-        out["adv/cross_omega_mean"] = float(view.omega[others].double().mean())
+    if bool((~rows.is_own).any()):
+        out["adv/cross_omega_mean"] = float(rows.omega[~rows.is_own].double().mean())
     return out
 
 
@@ -183,31 +152,34 @@ def _group(rollouts: Mapping[str, Sequence[AgentRollout]], agents: Sequence[str]
 
 
 class Broker:
-    """Builds every learner's training view for one step; owns the capability tracker between steps."""
+    """Builds every learner's training rows for one step; owns the capability tracker between steps.
 
-    def __init__(self, agents: Sequence[str], tokenizers: Mapping[str, LearnerTokenizer], *, mode: Mode = "hacpo",
-                 tracker: CapabilityTracker | None = None, adv_eps: float = 1e-6,
-                 capability_baseline: bool = True, gradient_modulation: bool = True,
-                 pool: ReencodePool | None = None):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    Args:
+        agents: agent names, in the order of every per-agent tensor.
+        tokenizers: each learner's tokenizer for re-encoding (needed only when the algorithm shares rollouts).
+        algorithm: the registry entry, ablations applied (`AlgoConfig.algorithm`).
+        tracker: the capability tracker (checkpointed by the runtime); a fresh one by default.
+        adv_eps: ε added to the standard deviation of the advantage.
+        pool: worker processes for re-encoding (in-process by default).
+    """
+
+    def __init__(self, agents: Sequence[str], tokenizers: Mapping[str, LearnerTokenizer], *, algorithm: Algorithm,
+                 tracker: CapabilityTracker | None = None, adv_eps: float = 1e-6, pool: ReencodePool | None = None):
         self.agents = tuple(agents)
         if len(set(self.agents)) != len(self.agents):
             raise ValueError(f"agent names must be unique, got {self.agents}")
-        if mode != "isolated":
+        if algorithm.shares_rollouts:
             if len(self.agents) < 2:
-                raise ValueError(f"mode {mode!r} shares rollouts and needs ≥ 2 agents")
+                raise ValueError(f"algorithm {algorithm.name!r} shares rollouts and needs ≥ 2 agents")
             missing = [a for a in self.agents if a not in tokenizers]
             if missing:
                 raise ValueError(f"no tokenizer given for agents {missing}")
         self.tokenizers = dict(tokenizers)
-        self.mode: Mode = mode
+        self.algorithm = algorithm
         self.tracker = tracker or CapabilityTracker(self.agents)
         if tuple(self.tracker.agents) != self.agents:
             raise ValueError(f"tracker agents {self.tracker.agents} differ from broker agents {self.agents}")
         self.adv_eps = adv_eps
-        self.capability_baseline = capability_baseline
-        self.gradient_modulation = gradient_modulation
         self.pool = pool or ReencodePool(0)
 
     def step(self, rollouts: Mapping[str, Sequence[AgentRollout]]) -> BrokerStep:
@@ -219,49 +191,53 @@ class Broker:
                                 for p in prompt_ids], dtype=torch.float64)  # [B, n, G]
         accuracy = {a: float((rewards[:, j] > 0).double().mean()) for j, a in enumerate(agents)}
         self.tracker.update(accuracy)
-        omega = {k: {j: (self.tracker.ratio(j, k) if self.mode == "hacpo" else 1.0) for j in agents} for k in agents}
+        omega = {k: {j: self.tracker.ratio(j, k) for j in agents} for k in agents}
 
-        views, failures = {}, []
-        for k_index, learner in enumerate(agents):
-            view, failed = self._view(learner, k_index, prompt_ids, group_size, table, rewards, omega[learner])
-            views[learner] = view
-            failures.extend(failed)
-        return BrokerStep(views=views, accuracy=accuracy,
-                          capability={a: self.tracker.capability(a) for a in agents}, omega=omega,
-                          generated={a: batch * group_size for a in agents}, failures=failures)
+        step = BrokerStep(rows={}, accuracy=accuracy, capability={a: self.tracker.capability(a) for a in agents},
+                          omega=omega, generated={a: batch * group_size for a in agents})
+        for k, learner in enumerate(agents):
+            rows, counts, failures = self._rows(learner, k, prompt_ids, group_size, table, rewards, omega[learner])
+            step.rows[learner], step.counts[learner] = rows, counts
+            step.failures.extend(failures)
+        return step
 
-    def _view(self, learner: str, k: int, prompt_ids: list[str], group_size: int, table, rewards: torch.Tensor,
-              omega: dict[str, float]) -> tuple[LearnerView, list[str]]:
-        agents, n = self.agents, len(self.agents)
-        omega_vec = torch.tensor([omega[a] for a in agents], dtype=torch.float64)  # [n], ω(j→k)
-        if self.mode == "isolated":
+    def _advantages(self, k: int, rewards: torch.Tensor, omega: torch.Tensor) -> torch.Tensor:
+        """`[B, n, G]` advantages of learner k (zeros on other agents' blocks when rollouts are not shared)."""
+        if not self.algorithm.shares_rollouts:
             adv = torch.zeros_like(rewards)
             adv[:, k] = group_advantages(rewards[:, k], eps=self.adv_eps)
-        else:
-            baseline_omega = omega_vec if self.capability_baseline else torch.ones(n, dtype=torch.float64)
-            adv = hacpo_advantages(rewards, k, baseline_omega, eps=self.adv_eps)  # [B, n, G]
-        row_omega = omega_vec if (self.mode == "hacpo" and self.gradient_modulation) else torch.ones_like(omega_vec)
+            return adv
+        baseline_omega = omega if self.algorithm.capability_baseline else torch.ones_like(omega)
+        return hacpo_advantages(rewards, k, baseline_omega, eps=self.adv_eps)
 
-        token_ids, masks, meta = [], [], []  # meta: (source j, prompt b, i, truncated)
+    def _rows(self, learner: str, k: int, prompt_ids: list[str], group_size: int, table, rewards: torch.Tensor,
+              omega: dict[str, float]) -> tuple[TrainingRows, dict[str, int], list[str]]:
+        agents, spec = self.agents, self.algorithm
+        omega_vec = torch.tensor([omega[a] for a in agents], dtype=torch.float64)  # [n], ω(j→k)
+        adv = self._advantages(k, rewards, omega_vec)  # [B, n, G]
+        row_omega = omega_vec if spec.omega_on_rows else torch.ones_like(omega_vec)
+
+        token_ids, masks, meta = [], [], []  # meta: (source j, prompt b, sample i)
+        own_token_logprobs = []
         for b, p in enumerate(prompt_ids):
             for i in range(group_size):
                 own = table[learner][p][i]
                 token_ids.append(list(own.token_ids))
                 masks.append(list(own.response_mask))
-                meta.append((k, b, i, False))
-        counts = {"self_rows": len(token_ids), "cross_rows": 0, "reencode_truncated": 0, "reencode_separate": 0,
-                  "reencode_failed": 0}
+                meta.append((k, b, i))
+                own_token_logprobs.append(own.old_token_logprobs)
+        counts = dict.fromkeys(COUNTS, 0)
+        counts["self_rows"] = len(token_ids)
         failures: list[str] = []
-        if self.mode != "isolated":
-            spec = self.tokenizers[learner]
+        if spec.shares_rollouts:
+            tok = self.tokenizers[learner]
             for j, source in enumerate(agents):
                 if j == k:
                     continue
                 refs = [(b, i, table[source][p][i].trajectory) for b, p in enumerate(prompt_ids)
                         for i in range(group_size)]
                 results = self.pool.reencode([(t.messages, t.response_text, t.finished) for _, _, t in refs],
-                                             spec.tokenizer, spec.max_response_tokens,
-                                             chat_template=spec.chat_template)
+                                             tok.tokenizer, tok.max_response_tokens, chat_template=tok.chat_template)
                 for (b, i, t), result in zip(refs, results, strict=True):
                     if isinstance(result, ReencodeError):
                         counts["reencode_failed"] += 1
@@ -269,28 +245,38 @@ class Broker:
                         continue
                     token_ids.append(result.token_ids)
                     masks.append(result.response_mask)
-                    meta.append((j, b, i, result.truncated))
+                    meta.append((j, b, i))
                     counts["cross_rows"] += 1
                     counts["reencode_truncated"] += int(result.truncated)
                     counts["reencode_separate"] += int(result.method == "separate")
+        counts["trained_rows"] = len(meta)
 
         source = torch.tensor([m[0] for m in meta], dtype=torch.long)
         prompt_index = torch.tensor([m[1] for m in meta], dtype=torch.long)
         sample = torch.tensor([m[2] for m in meta], dtype=torch.long)
-        behaviour = torch.tensor([table[agents[j]][prompt_ids[b]][i].trajectory.source_mean_logprob
-                                  for j, b, i, _ in meta], dtype=torch.float32)
-        view = LearnerView(
-            learner=learner,
-            token_ids=token_ids,
-            response_mask=masks,
+        old_mean = torch.tensor([table[agents[j]][prompt_ids[b]][i].trajectory.source_mean_logprob
+                                 for j, b, i in meta], dtype=torch.float32)
+        old_tokens = _stack_token_logprobs(own_token_logprobs, learner) if spec.needs_old_token_logprobs else None
+        rows = TrainingRows(
+            token_ids=token_ids, response_mask=masks,
             advantages=adv[prompt_index, source, sample].float(),
-            is_cross=(source != k) & torch.tensor(self.mode == "hacpo"),
+            cross_objective=(source != k) & spec.cross_objective,
             omega=row_omega[source].float(),
-            behaviour_mean_logprob=behaviour,
+            old_mean_logprob=old_mean,
+            is_own=source == k,
             source=source,
-            prompt_index=prompt_index,
-            rewards=rewards[prompt_index, source, sample].float(),
-            truncated=torch.tensor([m[3] for m in meta], dtype=torch.bool),
-            counts={**counts, "trained_rows": len(meta)},
+            old_token_logprobs=old_tokens,
         )
-        return view, failures
+        return rows, counts, failures
+
+
+def _stack_token_logprobs(per_row: list[torch.Tensor | None], learner: str) -> torch.Tensor:
+    """`[N, T]` (T = longest row) from per-row shifted-layout log-probs, zero-padded on the right."""
+    if any(values is None for values in per_row):
+        raise ValueError(f"learner {learner!r}: its loss needs the old token log-probs of every own rollout "
+                         "(AgentRollout.old_token_logprobs)")
+    width = max((values.numel() for values in per_row), default=0)  # type: ignore[union-attr]
+    out = torch.zeros((len(per_row), width), dtype=torch.float32)
+    for n, values in enumerate(per_row):
+        out[n, :values.numel()] = values.float()  # type: ignore[union-attr]
+    return out

@@ -1,4 +1,4 @@
-"""Re-encode another agent's response for a learner: its chat template, its tokenizer, its EOS (spec §7).
+"""Re-encode another agent's response for a learner: its chat template, its tokenizer, its EOS (algorithm.md §7).
 
 The learner must see a cross sample exactly as if it had produced it in its own format:
 
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from nemo_hacpo.broker.trajectory import Message, as_messages, messages_as_dicts
+from nemo_hacpo.models.chat import Message, as_messages, render_prompt_text
 
 
 class ReencodeError(ValueError):
@@ -48,21 +48,6 @@ class ReencodedSample:
     @property
     def num_response_tokens(self) -> int:
         return len(self.token_ids) - self.num_prompt_tokens
-
-
-def render_prompt_text(messages: Sequence[Message] | Sequence[dict], tokenizer: Any,
-                       chat_template: str | None = None) -> str:
-    """The prompt rendered with the tokenizer's (or the given) chat template, generation prompt on."""
-    return tokenizer.apply_chat_template(messages_as_dicts(as_messages(messages)), tokenize=False,
-                                         add_generation_prompt=True, chat_template=chat_template)
-
-
-def render_prompt_ids(messages: Sequence[Message] | Sequence[dict], tokenizer: Any,
-                      chat_template: str | None = None) -> list[int]:
-    """Token ids of the rendered prompt. The template writes any BOS itself, so no special tokens are added
-    (adding them would duplicate the BOS). The rollout engine feeds exactly these ids to vLLM."""
-    text = render_prompt_text(messages, tokenizer, chat_template)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def _expected_text(text: str, tokenizer: Any) -> str:

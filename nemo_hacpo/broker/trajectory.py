@@ -1,8 +1,8 @@
-"""Tokenizer-neutral rollout records: what crosses between agents (spec/hacpo.md §7).
+"""Tokenizer-neutral rollout records: what crosses between agents (docs/algorithm.md §7).
 
 A `Trajectory` holds one response as **text** plus the few scalars another agent needs to learn from it:
 the reward, how it finished, and the source policy's mean log-prob over the source's own tokens (the
-denominator of the cross-sample ratio, §4). Token ids never cross between agents; they stay in the
+denominator of the cross-sample ratio, algorithm.md §4). Token ids never cross between agents; they stay in the
 source's `AgentRollout` (its self samples are trained on exactly the generated ids).
 
 Trajectories serialise to JSONL, one per line, so every step's rollouts can be inspected or replayed.
@@ -12,42 +12,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from nemo_hacpo.models.chat import Message, as_messages, messages_as_dicts
+
 FinishReason = Literal["stop", "length"]
 FINISH_REASONS = ("stop", "length")
-
-
-@dataclass(frozen=True)
-class Message:
-    """One chat turn."""
-
-    role: str
-    content: str
-
-
-def as_messages(messages: Iterable[Mapping[str, str] | Message]) -> tuple[Message, ...]:
-    """Normalise `[{"role": ..., "content": ...}, ...]` (or Messages) into an immutable tuple."""
-    out = []
-    for m in messages:
-        if isinstance(m, Message):
-            out.append(m)
-        else:
-            unknown = set(m) - {"role", "content"}
-            if unknown or "role" not in m or "content" not in m:
-                raise ValueError(f"a message needs exactly 'role' and 'content', got keys {sorted(m)}")
-            out.append(Message(str(m["role"]), str(m["content"])))
-    if not out:
-        raise ValueError("a prompt needs at least one message")
-    return tuple(out)
-
-
-def messages_as_dicts(messages: Sequence[Message]) -> list[dict[str, str]]:
-    """The list-of-dicts form that `tokenizer.apply_chat_template` takes."""
-    return [{"role": m.role, "content": m.content} for m in messages]
 
 
 @dataclass(frozen=True)
@@ -55,7 +28,7 @@ class Trajectory:
     """One response of one agent to one prompt, without any token ids.
 
     `source_mean_logprob` = m_j,old(y) = mean over the source's L_j(y) response tokens of
-    log π_j,old(y_t | prompt_j, y_<t), recomputed by the source's trainer at the sampling weights (§4).
+    log π_j,old(y_t | prompt_j, y_<t), recomputed by the source's trainer at the sampling weights (algorithm.md §4).
     """
 
     prompt_id: str

@@ -1,4 +1,4 @@
-"""Turn a problem into chat messages; each agent renders them with its own chat template (spec §7).
+"""Turn a problem into chat messages; each agent renders them with its own chat template (algorithm.md §7).
 
 The messages are the tokenizer-independent form of a prompt: the broker and the rollout engine pass
 them to ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)`` of each agent.

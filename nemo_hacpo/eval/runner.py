@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nemo_hacpo.data import MathProblem, problem_to_messages
-from nemo_hacpo.eval.metrics import avg_at_k, correct_count, default_pass_ks, mean_pass_at_k
+from nemo_hacpo.eval.pass_at_k import avg_at_k, correct_count, default_pass_ks, mean_pass_at_k
 from nemo_hacpo.rollout.outputs import GenerationResult
 from nemo_hacpo.rollout.sampling import SamplingSettings
 from nemo_hacpo.rollout.settings import EngineSettings

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_hacpo.eval.runner import EvalResult
-from nemo_hacpo.runtime.metrics import markdown_table
+from nemo_hacpo.reporting import markdown_table
 
 __all__ = [
     "answer_records", "answers_file_name", "csv_text", "json_text", "markdown_text", "progress_line", "result_row",
@@ -53,7 +53,7 @@ def table_columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def markdown_text(rows: Sequence[Mapping[str, Any]], title: str = "Evaluation", note: str = "") -> str:
-    """`# title`, an optional note line, then the table (`runtime.metrics.markdown_table`)."""
+    """`# title`, an optional note line, then the table (`nemo_hacpo.reporting.markdown_table`)."""
     parts = [f"# {title}", ""]
     if note:
         parts += [note, ""]

@@ -30,7 +30,7 @@ from nemo_hacpo.config import (
 )
 from nemo_hacpo.data import MathProblem
 from nemo_hacpo.data.loaders import BENCHMARKS, load_problems
-from nemo_hacpo.runtime.datasets import load_split
+from nemo_hacpo.data.splits import load_split
 
 __all__ = [
     "FIELD_KEYS", "HELDOUT", "RUN_HF_DIR", "AgentTarget", "DatasetTarget", "default_agent_config", "load_dataset",

@@ -1,9 +1,13 @@
 """HF checkpoints ↔ Megatron `GPTModel` weights, sharded for any TP / PP (Llama, Mistral, Qwen2, Qwen3, GPT-2).
 
-    load_hf_into_megatron(model_chunks, arch, "/ckpt/dir")          # each rank copies in its own shard
-    for name, tensor in export_hf_weights(model_chunks, arch):      # collective; every rank gets every tensor
-        ...                                                         # vLLM refit, one HF tensor at a time
-    save_hf_checkpoint(model_chunks, arch, tokenizer, out_dir)      # safetensors + config.json + tokenizer
+    load_hf_into_megatron(model_chunks, arch, "/ckpt/dir", parallel=mp)     # each rank copies in its own shard
+    for name, tensor in export_hf_weights(model_chunks, arch, parallel=mp):  # collective; every rank gets all
+        ...                                                                  # vLLM refit, one tensor at a time
+    save_hf_checkpoint(model_chunks, arch, tokenizer, out_dir, parallel=mp)  # safetensors + config + tokenizer
+
+`mp` is a `ModelParallel`: the rank's place in its tensor- and pipeline-parallel groups. The trainer holds its
+own (`MegatronTrainer.model_parallel`); the default is a single rank (TP = PP = 1). Nothing here reads
+Megatron's global `parallel_state`.
 
 The built-in converter (names and layouts in `hf_layouts`) handles Megatron's local layer spec and the
 Transformer Engine spec (whose input/pre-MLP norms live inside `linear_qkv` / `linear_fc1`). PP stages number
@@ -19,11 +23,13 @@ import json
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
+from nemo_hacpo.models.architecture import ModelArch
 from nemo_hacpo.models.hf_layouts import (
     HF_ARCHITECTURES,
     IGNORED_HF_SUFFIXES,
@@ -36,10 +42,9 @@ from nemo_hacpo.models.hf_layouts import (
     unshard,
     weight_mappings,
 )
-from nemo_hacpo.models.spec import ModelArch
 
-__all__ = ["LazySafetensors", "export_hf_weights", "global_parameter_names", "hf_config", "load_hf_into_megatron",
-           "save_hf_checkpoint"]
+__all__ = ["LazySafetensors", "ModelParallel", "export_hf_weights", "global_parameter_names", "hf_config",
+           "load_hf_into_megatron", "save_hf_checkpoint"]
 
 Converter = Literal["auto", "builtin", "bridge"]
 # Transformer Engine fuses the pre-attention / pre-MLP norms into the next linear layer.
@@ -50,6 +55,35 @@ _TE_NAME_ALIASES = {
     "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
 }
 _LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class ModelParallel:
+    """One rank's place in its model's tensor- and pipeline-parallel groups (what conversion needs).
+
+    The default is a single rank. `tp_group` / `pp_group` are torch.distributed groups (None at size 1).
+    """
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    pp_rank: int = 0
+    pp_size: int = 1
+    tp_group: Any = None
+    pp_group: Any = None
+
+    @classmethod
+    def from_megatron(cls) -> ModelParallel:
+        """Read the layout from Megatron's initialised `parallel_state` (once, e.g. when a trainer is built)."""
+        from megatron.core import parallel_state as ps
+
+        tp_size, pp_size = ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()
+        return cls(tp_rank=ps.get_tensor_model_parallel_rank(), tp_size=tp_size,
+                   pp_rank=ps.get_pipeline_model_parallel_rank(), pp_size=pp_size,
+                   tp_group=ps.get_tensor_model_parallel_group() if tp_size > 1 else None,
+                   pp_group=ps.get_pipeline_model_parallel_group() if pp_size > 1 else None)
+
+
+SINGLE_RANK = ModelParallel()
 
 
 # ------------------------------------------------------------------------------------ HF tensor source
@@ -163,18 +197,6 @@ def _mapping_for(name: str, mappings: Mapping[str, WeightMapping], arch: ModelAr
     return mappings[name]
 
 
-def _parallel_sizes(tp_rank: int | None, tp_size: int | None, pp_rank: int | None, pp_size: int | None
-                    ) -> tuple[int, int, int, int]:
-    if None in (tp_rank, tp_size, pp_rank, pp_size):
-        from megatron.core import parallel_state as ps
-
-        tp_rank = ps.get_tensor_model_parallel_rank() if tp_rank is None else tp_rank
-        tp_size = ps.get_tensor_model_parallel_world_size() if tp_size is None else tp_size
-        pp_rank = ps.get_pipeline_model_parallel_rank() if pp_rank is None else pp_rank
-        pp_size = ps.get_pipeline_model_parallel_world_size() if pp_size is None else pp_size
-    return tp_rank, tp_size, pp_rank, pp_size  # type: ignore[return-value]
-
-
 def _check_stage(chunks: list[torch.nn.Module], pp_rank: int, pp_size: int) -> None:
     if chunks[0].pre_process != (pp_rank == 0) or chunks[-1].post_process != (pp_rank == pp_size - 1):
         raise ValueError(f"model chunks do not belong to pipeline stage {pp_rank} of {pp_size} "
@@ -200,21 +222,20 @@ def _bridge_or_none(converter: Converter, arch: ModelArch) -> Any | None:
 # ------------------------------------------------------------------------------------ import
 @torch.no_grad()
 def load_hf_into_megatron(model_chunks: torch.nn.Module | Sequence[torch.nn.Module], arch: ModelArch,
-                          hf_state: Mapping[str, torch.Tensor] | str | os.PathLike, *, tp_rank: int | None = None,
-                          tp_size: int | None = None, pp_rank: int | None = None, pp_size: int | None = None,
-                          converter: Converter = "auto") -> None:
+                          hf_state: Mapping[str, torch.Tensor] | str | os.PathLike, *,
+                          parallel: ModelParallel = SINGLE_RANK, converter: Converter = "auto") -> None:
     """Copy an HF checkpoint into this rank's Megatron model chunks (its TP shard of its PP stage's layers).
 
     `hf_state`: a local checkpoint directory (safetensors, read lazily per tensor) or a name → tensor mapping
-    (e.g. `hf_model.state_dict()`). Parallel ranks/sizes default to Megatron's `parallel_state`. No
+    (e.g. `hf_model.state_dict()`). `parallel`: this rank's TP/PP place (default: a single rank). No
     communication: every rank reads what it needs. Vocabulary rows beyond `arch.vocab_size` are zeroed.
     Raises if a model parameter has no HF tensor, if a shape disagrees, or if the checkpoint holds tensors
     the architecture does not use. Load before building a Megatron optimizer: mixed-precision optimizers
     keep their own fp32 copies of the parameters.
     """
     chunks = _as_chunks(model_chunks)
-    tp_rank, tp_size, pp_rank, pp_size = _parallel_sizes(tp_rank, tp_size, pp_rank, pp_size)
-    _check_stage(chunks, pp_rank, pp_size)
+    tp_rank, tp_size = parallel.tp_rank, parallel.tp_size
+    _check_stage(chunks, parallel.pp_rank, parallel.pp_size)
     bridge = None if isinstance(hf_state, Mapping) else _bridge_or_none(converter, arch)
     if bridge is not None:  # Megatron-Bridge: reads the checkpoint and shards it itself
         bridge.from_hf_pretrained(str(hf_state)).load_hf_weights(_as_list(model_chunks))
@@ -248,7 +269,7 @@ def _all_gather(tensor: torch.Tensor, group: Any, size: int) -> list[torch.Tenso
 
 @torch.no_grad()
 def export_hf_weights(model_chunks: torch.nn.Module | Sequence[torch.nn.Module], arch: ModelArch, *,
-                      dtype: torch.dtype | None = None, to_cpu: bool = False,
+                      dtype: torch.dtype | None = None, to_cpu: bool = False, parallel: ModelParallel = SINGLE_RANK,
                       converter: Converter = "auto") -> Iterator[tuple[str, torch.Tensor]]:
     """Stream the model as HF `(name, tensor)` pairs, one tensor at a time, in HF checkpoint order.
 
@@ -266,15 +287,9 @@ def export_hf_weights(model_chunks: torch.nn.Module | Sequence[torch.nn.Module],
                 _as_list(model_chunks), cpu=to_cpu, show_progress=False):
             yield name, tensor if dtype is None else tensor.to(dtype)
         return
-    from megatron.core import parallel_state as ps
-
     chunks = _as_chunks(model_chunks)
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    tp_size = ps.get_tensor_model_parallel_world_size() if distributed else 1
-    pp_size = ps.get_pipeline_model_parallel_world_size() if distributed else 1
-    pp_rank = ps.get_pipeline_model_parallel_rank() if distributed else 0
-    tp_group = ps.get_tensor_model_parallel_group() if tp_size > 1 else None
-    pp_group = ps.get_pipeline_model_parallel_group() if pp_size > 1 else None
+    tp_size, pp_size, pp_rank = parallel.tp_size, parallel.pp_size, parallel.pp_rank
+    tp_group, pp_group = parallel.tp_group, parallel.pp_group
 
     owned = {name: param for name, param in global_parameter_names(chunks)
              if not (name == "output_layer.weight" and arch.tie_embeddings)}
@@ -308,7 +323,8 @@ def export_hf_weights(model_chunks: torch.nn.Module | Sequence[torch.nn.Module],
 
 def save_hf_checkpoint(model_chunks: torch.nn.Module | Sequence[torch.nn.Module], arch: ModelArch,
                        tokenizer: Any | None, out_dir: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                       max_shard_bytes: int = 4 << 30, converter: Converter = "auto") -> Path | None:
+                       max_shard_bytes: int = 4 << 30, parallel: ModelParallel = SINGLE_RANK,
+                       converter: Converter = "auto") -> Path | None:
     """Write `out_dir` = config.json + safetensors (+ index when sharded) + the tokenizer's files.
 
     Collective like `export_hf_weights` (every model-parallel rank calls it); global rank 0 writes and gets
@@ -323,7 +339,8 @@ def save_hf_checkpoint(model_chunks: torch.nn.Module | Sequence[torch.nn.Module]
     pending: dict[str, torch.Tensor] = {}
     pending_bytes = total_bytes = 0
     export_dtype = dtype
-    for name, tensor in export_hf_weights(model_chunks, arch, dtype=dtype, to_cpu=True, converter=converter):
+    for name, tensor in export_hf_weights(model_chunks, arch, dtype=dtype, to_cpu=True, parallel=parallel,
+                                          converter=converter):
         export_dtype = export_dtype or tensor.dtype
         if not writer:
             continue

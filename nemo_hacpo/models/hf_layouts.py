@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import torch
 
-from nemo_hacpo.models.spec import ModelArch
+from nemo_hacpo.models.architecture import ModelArch
 
 Layout = Literal["copy", "transpose", "qkv", "gpt2_qkv", "gated", "vocab"]
 TensorParallel = Literal["replicated", "column", "row", "gated_column"]

@@ -13,7 +13,7 @@ from nemo_hacpo.rewards.math import (
     score_math,
     score_math_detailed,
 )
-from nemo_hacpo.rewards.pool import MathRewardScorer, RewardBatch, RewardPoolError
+from nemo_hacpo.rewards.scorer import MathRewardScorer, RewardBatch, RewardPoolError
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -1,6 +1,6 @@
 """Guards that keep one adversarial answer from hanging or exhausting a verifier.
 
-Two layers (the process pool in :mod:`nemo_hacpo.rewards.pool` adds a third, a hard kill):
+Two layers (the process pool in :mod:`nemo_hacpo.rewards.scorer` adds a third, a hard kill):
 
 - :func:`expression_size_error` walks a parsed sympy expression and refuses it when it has too many
   nodes or when an upper bound on the size of a number in it is too large. ``10^{10^{10}}`` parses in

@@ -1,7 +1,7 @@
 """Math answer verification against a gold answer with math-verify: ``R(y) ∈ {0, 1}``.
 
 One answer goes through two stages, split so that a process pool can run the second one in a worker
-that may be killed (:mod:`nemo_hacpo.rewards.pool`):
+that may be killed (:mod:`nemo_hacpo.rewards.scorer`):
 
 1. :func:`prepare_answer` (cheap, pure string work, runs in the caller): coerce and clean the text,
    keep the last ``max_response_chars``, extract the answer and apply the string guards. It returns
@@ -292,7 +292,7 @@ def score_prepared(
     """:func:`verify_prepared` under a SIGALRM time limit (main thread only); never raises.
 
     Off the main thread no limit can be armed: the call then relies on the static guards alone, so run
-    untrusted answers through :class:`nemo_hacpo.rewards.pool.MathRewardScorer` workers there.
+    untrusted answers through :class:`nemo_hacpo.rewards.scorer.MathRewardScorer` workers there.
     """
     try:
         with alarm_time_limit(timeout_s):

@@ -6,7 +6,7 @@
     engine.refit(trainer_hf_weights)                    # in place, prefix cache reset; no restart
     engine.shutdown()
 
-Prompts are rendered with the agent's chat template by `broker.reencode.render_prompt_ids` and fed to vLLM
+Prompts are rendered with the agent's chat template by `models.chat.render_prompt_ids` and fed to vLLM
 as token ids, so self samples and re-encoded cross samples share one prompt encoding. Response text is
 decoded by the agent's tokenizer (special tokens skipped), the same rule the broker applies.
 
@@ -17,8 +17,6 @@ Refit transports (see `settings.py` for how the layout is chosen):
   generate ≈ 2.5k (Llama-like) to ≈ 4k (Qwen3-like) tokens/s at 32 sequences.
 - CUDA colocated: CUDA IPC through vLLM's weight-transfer engine (`weight_sync.send_weights_ipc`), after
   `wake_up(["weights"])`; the KV cache stays asleep until `wake_up()`.
-- CUDA on separate GPUs: the trainer process drives a NCCL broadcast (`weight_sync.NcclWeightSender`) with
-  this engine (or a Ray actor around it) as the client — the four weight-sync methods below.
 
 Scripts that start an engine need an `if __name__ == "__main__":` guard: vLLM spawns its engine-core and
 worker processes, and a spawned child re-imports the main module.
@@ -39,11 +37,11 @@ from typing import Any
 
 import torch
 
-from nemo_hacpo.broker.reencode import render_prompt_ids
-from nemo_hacpo.broker.trajectory import Message
 from nemo_hacpo.config import AgentConfig
+from nemo_hacpo.models.chat import Message, render_prompt_ids
 from nemo_hacpo.rollout.outputs import (
     GenerationResult,
+    RefitStats,
     ResponseError,
     SampledResponse,
     check_response,
@@ -249,18 +247,14 @@ class RolloutEngine:
 
     # --------------------------------------------------------------------------------------------- refit
     def refit(self, weights: Iterable[tuple[str, torch.Tensor]], *, transport: str | None = None,
-              chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[str, float]:
+              chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> RefitStats:
         """Load new HF-layout weights into the running engine, then reset the prefix cache.
 
         `transport`: `rpc` (safetensors chunks over collective_rpc; the CPU default, works anywhere) or `ipc`
-        (CUDA colocated default). Separate-GPU engines are refitted by the trainer's `NcclWeightSender`.
-        Returns and records refit_s, tensors, bytes.
+        (CUDA colocated default). Returns (and records in `stats`) its time, tensors and bytes.
         """
         if transport is None:
-            transport = "rpc" if self.settings.device == "cpu" else self.settings.weight_transfer_backend
-        if transport == "nccl":
-            raise RuntimeError("separate-GPU engines receive weights from the trainer process: create a "
-                               "weight_sync.NcclWeightSender there with this engine as its client")
+            transport = "rpc" if self.settings.device == "cpu" else (self.settings.weight_transfer_backend or "rpc")
         if "weights" in self._asleep:
             self.wake_up(["weights"])
         start = time.perf_counter()
@@ -295,31 +289,12 @@ class RolloutEngine:
         self._llm.collective_rpc("nemo_hacpo_finish_refit")
         return tensors, size
 
-    def _record_refit(self, elapsed: float, tensors: int, size: int, transport: str) -> dict[str, float]:
+    def _record_refit(self, elapsed: float, tensors: int, size: int, transport: str) -> RefitStats:
         self._stats["refits"] += 1
         self._stats.update(last_refit_s=elapsed, last_refit_bytes=float(size))
         logger.info("rollout engine %s: refit of %d tensors (%.1f MB, %s) in %.2f s", self.settings.agent_name,
                     tensors, size / 1e6, transport, elapsed)
-        return {"refit_s": elapsed, "tensors": float(tensors), "bytes": float(size)}
-
-    # vLLM's weight-sync client protocol, so a trainer-side NcclWeightSender can drive this engine directly.
-    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._llm.init_weight_transfer_engine({"init_info": init_info})
-
-    def start_weight_update(self) -> None:
-        if "weights" in self._asleep:
-            self.wake_up(["weights"])
-        self._nccl_refit_start = time.perf_counter()
-        self._llm.start_weight_update()
-
-    def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
-        self._llm.update_weights({"update_info": update_info})
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._llm.finish_weight_update(weight_version)
-        self._llm.reset_prefix_cache()
-        started = getattr(self, "_nccl_refit_start", time.perf_counter())
-        self._record_refit(time.perf_counter() - started, 0, 0, "nccl")
+        return RefitStats(seconds=elapsed, tensors=tensors, bytes=size, transport=transport)
 
     # ----------------------------------------------------------------------------------------- sleep/wake
     def sleep(self, level: int = 1) -> None:
@@ -347,6 +322,11 @@ class RolloutEngine:
         if wanted:
             self._llm.wake_up(tags=sorted(wanted))
             self._asleep -= wanted
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether `sleep` releases accelerator memory: CUDA engines started with sleep mode (colocated)."""
+        return self.settings.device != "cpu" and self.settings.enable_sleep_mode
 
     @property
     def asleep(self) -> frozenset[str]:

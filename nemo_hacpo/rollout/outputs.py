@@ -1,8 +1,9 @@
-"""What the rollout engine returns, and the mapping onto the broker's `AgentRollout` records.
+"""What the rollout engine returns (the records that cross Ray), and the mapping onto the broker's `AgentRollout`s.
 
 Per prompt b and sample g, a `SampledResponse` holds the generated ids (ending with the agent's EOS iff it
 finished), the text (special tokens skipped, decoded by the agent's tokenizer), the finish reason and the
-sampler's log-prob of every generated token. `agent_rollouts` pairs them with rewards and the trainer's
+sampler's log-prob of every generated token. `GenerationResult.training_rows()` gives the trainer's view of
+them (prompt + response ids, response mask); `agent_rollouts` pairs them with rewards and the trainer's
 recomputed mean log-probs:
 
     AgentRollout(trajectory=Trajectory(..., response_text=text, finish_reason=..., reward=r[b][g],
@@ -18,8 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from nemo_hacpo.broker.broker import AgentRollout
-from nemo_hacpo.broker.trajectory import FINISH_REASONS, FinishReason, Message, Trajectory, as_messages
+from nemo_hacpo.broker.trajectory import FINISH_REASONS, FinishReason, Trajectory
+from nemo_hacpo.models.chat import Message, as_messages
 
 LOGPROB_SLACK = 1e-4
 """A log-prob may exceed 0 by this much (float rounding of log-softmax near p = 1)."""
@@ -77,6 +81,45 @@ class GenerationResult:
         """Responses in (prompt, sample) order."""
         return [r for group in self.responses for r in group]
 
+    def training_rows(self) -> tuple[list[list[int]], list[list[int]]]:
+        """`(token_ids, response_mask)` of every response in (prompt, sample) order: prompt ids + generated ids,
+        and a mask that is 1 exactly on the generated part (what the trainer scores)."""
+        token_ids, masks = [], []
+        for prompt, group in zip(self.prompt_token_ids, self.responses, strict=True):
+            for response in group:
+                token_ids.append(list(prompt) + list(response.token_ids))
+                masks.append([0] * len(prompt) + [1] * response.num_tokens)
+        return token_ids, masks
+
+    def response_starts(self) -> list[int]:
+        """Per response (flat order), the first column of its tokens in the trainer's shifted layout
+        (`[:, t]` scores token t + 1): its prompt length − 1."""
+        return [len(prompt) - 1 for prompt, group in zip(self.prompt_token_ids, self.responses, strict=True)
+                for _ in group]
+
+    @classmethod
+    def merge(cls, parts: Sequence[GenerationResult]) -> GenerationResult:
+        """Concatenate the results of several engines (slices of one batch, in order); throughputs add up."""
+        if not parts:
+            raise ValueError("no generation results to merge")
+        stats = [dict(part.stats) for part in parts]
+        merged = {key: sum(s.get(key, 0.0) for s in stats) if key in ("tokens_per_s", "num_generated_tokens")
+                  else max(s.get(key, 0.0) for s in stats) for key in stats[0]}
+        return cls(prompt_token_ids=[ids for part in parts for ids in part.prompt_token_ids],
+                   responses=[group for part in parts for group in part.responses],
+                   seeds=[seed for part in parts for seed in part.seeds], stats=merged)
+
+
+@dataclass(frozen=True)
+class RefitStats:
+    """One weight refit of an engine."""
+
+    seconds: float
+    tensors: int
+    bytes: int
+    transport: str
+    """`rpc` (safetensors chunks over collective_rpc) or `ipc` (CUDA IPC handles)."""
+
 
 def check_response(token_ids: Sequence[int], logprobs: Sequence[float], finish_reason: str,
                    eos_token_id: int, max_tokens: int) -> None:
@@ -118,11 +161,13 @@ def completion_logprobs(completion: Any) -> list[float]:
 def agent_rollouts(result: GenerationResult, prompts: Sequence[Sequence[Message] | Sequence[dict]], *,
                    source: str, prompt_ids: Sequence[str], golds: Sequence[str],
                    rewards: Sequence[Sequence[float]], mean_logprobs: Sequence[Sequence[float]],
-                   step: int = 0, metadata: Sequence[Mapping[str, str]] | None = None) -> list[AgentRollout]:
+                   token_logprobs: Sequence[torch.Tensor] | None = None, step: int = 0,
+                   metadata: Sequence[Mapping[str, str]] | None = None) -> list[AgentRollout]:
     """`AgentRollout`s of one generate call, in (prompt, sample) order.
 
     Shapes: `prompts`, `prompt_ids`, `golds`, `metadata`: [B]; `rewards`, `mean_logprobs`: [B][G] — the
-    mean log-prob is the trainer's recompute m_old (spec §4), not the sampler's.
+    mean log-prob is the trainer's recompute m_old (algorithm.md §4), not the sampler's. `token_logprobs`:
+    one shifted-layout row per response (flat order), when the agent's loss needs them.
     """
     num_prompts = len(result.responses)
     for name, values in (("prompts", prompts), ("prompt_ids", prompt_ids), ("golds", golds),
@@ -143,6 +188,21 @@ def agent_rollouts(result: GenerationResult, prompts: Sequence[Sequence[Message]
                 source_mean_logprob=float(mean_logprobs[b][g]), source_num_tokens=response.num_tokens,
                 gold=golds[b], step=step, metadata=dict(metadata[b]) if metadata is not None else {},
             )
+            old_tokens = token_logprobs[len(out)] if token_logprobs is not None else None
             out.append(AgentRollout(trajectory=trajectory, token_ids=list(prompt) + list(response.token_ids),
-                                    response_mask=[0] * len(prompt) + [1] * response.num_tokens))
+                                    response_mask=[0] * len(prompt) + [1] * response.num_tokens,
+                                    old_token_logprobs=old_tokens))
     return out
+
+
+def rollout_metrics(result: GenerationResult, rewards: Sequence[float]) -> dict[str, float]:
+    """One agent's generation numbers of a step: `reward_mean`, `response_length_mean` / `_max` (tokens) and
+    `truncation_rate` (share cut at the length limit). `rewards` in flat (prompt, sample) order."""
+    responses = result.flat()
+    if len(rewards) != len(responses):
+        raise ValueError(f"{len(rewards)} rewards for {len(responses)} responses")
+    lengths = [r.num_tokens for r in responses]
+    return {"reward_mean": sum(rewards) / len(rewards) if rewards else math.nan,
+            "response_length_mean": sum(lengths) / len(lengths) if lengths else math.nan,
+            "response_length_max": float(max(lengths, default=0)),
+            "truncation_rate": sum(r.finish_reason == "length" for r in responses) / max(len(responses), 1)}

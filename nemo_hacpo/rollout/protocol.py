@@ -1,7 +1,7 @@
-"""The seam between the runtime and an agent's rollout engine: what the step loop may call.
+"""The seam between the runtime and an agent's rollout engine: what a rank may call on its engine.
 
-`RolloutEngine` (vLLM) implements it; the runtime types its per-agent handles with it, so another real
-implementation (e.g. a Ray actor proxy forwarding each call) can stand in without touching the loop.
+`RolloutEngine` (vLLM) implements it and `AgentRank.engine` is typed with it, so another real implementation
+(e.g. an engine in its own Ray actor forwarding each call) can stand in without touching the worker.
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from nemo_hacpo.broker.trajectory import Message
-from nemo_hacpo.rollout.outputs import GenerationResult
+from nemo_hacpo.models.chat import Message
+from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
+from nemo_hacpo.rollout.sampling import SamplingSettings
 
 
 @runtime_checkable
@@ -20,8 +21,9 @@ class RolloutBackend(Protocol):
     """Generate, score, refit, sleep/wake and report — per agent, started once per run."""
 
     def generate(self, prompts: Sequence[Sequence[Message] | Sequence[dict]], n: int, *,
-                 max_tokens: int | None = None, seed: int | None = None) -> GenerationResult:
-        """G = n responses per chat prompt: `result.responses[b][g]`."""
+                 max_tokens: int | None = None, seed: int | None = None,
+                 sampling: SamplingSettings | None = None) -> GenerationResult:
+        """G = n responses per chat prompt: `result.responses[b][g]` (`sampling` overrides the agent's)."""
         ...
 
     def score(self, sequences: Sequence[Sequence[int]], num_prompt_tokens: Sequence[int] | None = None
@@ -29,8 +31,13 @@ class RolloutBackend(Protocol):
         """Log-probs of fixed token sequences (response part only when prompt lengths are given)."""
         ...
 
-    def refit(self, weights: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
-        """Load new HF-layout weights in place; returns timing."""
+    def refit(self, weights: Iterable[tuple[str, torch.Tensor]]) -> RefitStats:
+        """Load new HF-layout weights in place."""
+        ...
+
+    @property
+    def can_sleep(self) -> bool:
+        """Whether `sleep` releases accelerator memory (colocated CUDA engines)."""
         ...
 
     def sleep(self, level: int = 1) -> None:

@@ -15,7 +15,7 @@ Pure functions, no vLLM import: the unit tests check every mapping without start
 | `rollout.cpu_kvcache_gib` (CPU only)     | `kv_cache_memory_bytes` and `VLLM_CPU_KVCACHE_SPACE`          |
 | `rollout.enforce_eager`                  | `enforce_eager`                                               |
 | `rollout.seed` (or the runtime's seed)   | `seed`                                                        |
-| `rollout.colocated` (CUDA only)          | `enable_sleep_mode`, weight transfer backend `ipc` (else `nccl`) |
+| `rollout.colocated` (CUDA only)          | `enable_sleep_mode`, weight transfer backend `ipc`            |
 
 On CPU, vLLM's `gpu_memory_utilization` is the fraction of *host RAM* the worker asks for at start-up (it fails
 when that much is not free); the KV cache itself is sized by `kv_cache_memory_bytes`. So the CPU fraction is
@@ -44,7 +44,7 @@ from typing import Any, Literal
 from nemo_hacpo.config import AgentConfig
 
 Device = Literal["cpu", "cuda"]
-WeightTransferBackend = Literal["ipc", "nccl"]
+WeightTransferBackend = Literal["ipc"]
 
 GIB = 1 << 30
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -88,7 +88,8 @@ class EngineSettings:
     enable_sleep_mode: bool
     """Colocated on CUDA: the engine can release its GPU memory while the trainer runs."""
     weight_transfer_backend: WeightTransferBackend | None
-    """vLLM's weight-transfer engine for CUDA refits (ipc: colocated, nccl: separate GPUs); None on CPU."""
+    """vLLM's weight-transfer engine for CUDA refits (ipc: colocated); None on CPU and for engines without
+    a trainer beside them (evaluation)."""
 
 
 def cpu_memory_fraction(requested: float, cpu_kvcache_gib: int, total_memory_bytes: int) -> float:
@@ -151,7 +152,7 @@ def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: st
     else:
         fraction, kv_bytes = rollout.gpu_memory_utilization, None
         sleep_mode = rollout.colocated
-        backend = "ipc" if rollout.colocated else "nccl"
+        backend = "ipc" if rollout.colocated else None
     return EngineSettings(
         agent_name=agent.name,
         model_dir=str(model_dir),

@@ -1,18 +1,12 @@
-"""CUDA refits through vLLM's own weight-transfer engines (needs CUDA vLLM; imported only on GPU paths).
+"""CUDA refit of a colocated engine through vLLM's own weight-transfer engine (needs CUDA vLLM; GPU paths only).
 
-Two layouts, chosen by `rollout.colocated` (see `settings.py`); both stream the trainer's HF-layout
-`(name, tensor)` pairs and end with vLLM's layer-wise reload inside the engine:
+The engine and the trainer share the GPUs; the engine is built with `weight_transfer_config={"backend": "ipc"}`
+and sleep mode. `send_weights_ipc` exports CUDA IPC handles of the trainer's HF-layout `(name, tensor)` pairs;
+the engine's workers open them, copy on-device and finish with vLLM's layer-wise reload. The engine must have
+its weights awake (`wake_up(["weights"])`) and may keep its KV cache asleep until generation.
 
-- **colocated** (engine and trainer share the GPUs, engine built with `weight_transfer_config={"backend": "ipc"}`
-  and sleep mode): `send_weights_ipc` exports CUDA IPC handles of the trainer's tensors; the engine's workers
-  open them and copy on-device. The engine must have its weights awake (`wake_up(["weights"])`) and may
-  keep its KV cache asleep until generation.
-- **separate GPUs** (`backend: "nccl"`): `NcclWeightSender` lives in the *trainer* process, joins a NCCL group
-  with the engine's workers once (trainer = rank 0, workers = ranks 1..tp), then broadcasts every refit.
-  `client` is anything with the engine's four weight-sync methods — a `RolloutEngine` in the same process, or
-  a Ray actor wrapping one (`vllm.distributed.weight_transfer.RayVLLMWeightSyncClient`).
-
-Both run on every trainer rank (iterating the export can be a collective); only rank 0 sends.
+Engines on separate GPUs (a NCCL broadcast from the trainer) are not supported: the config refuses
+`rollout.colocated: false` on CUDA.
 """
 
 from __future__ import annotations
@@ -27,8 +21,7 @@ from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 class NamedTensorSource(WeightSource):
     """A re-iterable `WeightSource` over a list of `(hf_name, tensor)` pairs, replaceable between refits.
 
-    Tensors not on the current CUDA device are copied there as they are yielded (CUDA IPC and NCCL need device
-    memory). The metadata of a replacement must match the first one for NCCL (fixed receive layout).
+    Tensors not on the current CUDA device are copied there as they are yielded (CUDA IPC needs device memory).
     """
 
     def __init__(self, weights: Iterable[tuple[str, torch.Tensor]] = ()) -> None:
@@ -47,7 +40,7 @@ class NamedTensorSource(WeightSource):
 
 
 class LLMWeightSyncClient:
-    """vLLM's `VLLMWeightSyncClient` protocol over an in-process `vllm.LLM` (whose methods take request dicts)."""
+    """vLLM's weight-sync client protocol over an in-process `vllm.LLM` (whose methods take request dicts)."""
 
     def __init__(self, llm: Any) -> None:
         self._llm = llm
@@ -79,32 +72,3 @@ def send_weights_ipc(client: Any, weights: Iterable[tuple[str, torch.Tensor]], *
     sender.send_weights()
     sender.shutdown()
     return len(source.metadata())
-
-
-class NcclWeightSender:
-    """Trainer-side sender for an engine on separate GPUs (NCCL broadcast from trainer rank 0).
-
-    Construct once per run on every trainer rank (rank 0 rendezvous with the engine's `engine_world_size`
-    workers at `master_address:master_port`), then `send(weights)` after each training step.
-    """
-
-    def __init__(self, client: Any, *, master_address: str, master_port: int, engine_world_size: int,
-                 rank: int = 0, packed: bool = True) -> None:
-        from vllm.distributed.weight_transfer.nccl_engine import (
-            NCCLTrainerInitInfo,
-            NCCLTrainerWeightTransferEngine,
-        )
-
-        self._source = NamedTensorSource()
-        init_info = NCCLTrainerInitInfo(master_address=master_address, master_port=master_port,
-                                        world_size=1 + engine_world_size, rank=rank, packed=packed)
-        self._sender = NCCLTrainerWeightTransferEngine.trainer_init(init_info, client=client, source=self._source)
-
-    def send(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Broadcast one refit; returns the number of tensors sent."""
-        self._source.set(weights)
-        self._sender.send_weights()
-        return len(self._source.metadata())
-
-    def close(self) -> None:
-        self._sender.shutdown()

@@ -8,23 +8,22 @@ the step, so it is reproducible and does not disturb the training samples' seeds
 
 from __future__ import annotations
 
-from typing import Any
-
 from nemo_hacpo.config import HacpoConfig
 from nemo_hacpo.data import MathProblem, problem_to_messages
-from nemo_hacpo.eval.metrics import default_pass_ks
+from nemo_hacpo.eval.pass_at_k import default_pass_ks
 from nemo_hacpo.eval.runner import evaluate_responses
+from nemo_hacpo.rollout.outputs import GenerationResult
 from nemo_hacpo.rollout.sampling import call_base_seed
 
 EVAL_SEED_OFFSET = 7919
 """Added to an agent's seed for sampled evaluation (keeps eval draws apart from training draws)."""
 
 
-def _scored(generated: dict[str, Any], problems: list[MathProblem], ks: tuple[int, ...], scorer):
-    groups = generated["responses"]
-    return evaluate_responses([[r["text"] for r in group] for group in groups], problems, ks, scorer=scorer,
-                              num_tokens=[[len(r["token_ids"]) for r in group] for group in groups],
-                              finish_reasons=[[r["finish_reason"] for r in group] for group in groups])
+def _scored(generated: GenerationResult, problems: list[MathProblem], ks: tuple[int, ...], scorer):
+    groups = generated.responses
+    return evaluate_responses([[r.text for r in group] for group in groups], problems, ks, scorer=scorer,
+                              num_tokens=[[r.num_tokens for r in group] for group in groups],
+                              finish_reasons=[[r.finish_reason for r in group] for group in groups])
 
 
 def evaluate_agents(groups, problems: list[MathProblem], cfg: HacpoConfig, step: int = 0) -> dict[str, dict[str, float]]:
@@ -33,16 +32,16 @@ def evaluate_agents(groups, problems: list[MathProblem], cfg: HacpoConfig, step:
 
     messages = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
     n = cfg.runtime.eval_samples
-    greedy = {name: group.submit_generate(messages, 1, greedy=True) for name, group in groups.items()}
-    sampled = {name: group.submit_generate(messages, n, seed=call_base_seed(group.seed + EVAL_SEED_OFFSET, step))
-               for name, group in groups.items()} if n > 0 else {}
+    greedy = {name: group.generate(messages, 1, greedy=True, what="evaluate") for name, group in groups.items()}
+    sampled = {name: group.generate(messages, n, seed=call_base_seed(group.seed + EVAL_SEED_OFFSET, step),
+                                    what="evaluate") for name, group in groups.items()} if n > 0 else {}
     out: dict[str, dict[str, float]] = {}
     with MathRewardScorer(num_workers=0, timeout_s=cfg.reward.timeout_s, strict=cfg.reward.strict) as scorer:
-        for name, future in greedy.items():
-            scored = _scored(groups[name].collect_generate(future, "evaluate"), problems, (), scorer)
+        for name, call in greedy.items():
+            scored = _scored(call.result(), problems, (), scorer)
             out[name] = {"accuracy": scored.avg(), "response_length": scored.response_tokens_mean(),
                          "truncation_rate": scored.truncation_rate()}
-        for name, future in sampled.items():
-            scored = _scored(groups[name].collect_generate(future, "evaluate"), problems, default_pass_ks(n), scorer)
+        for name, call in sampled.items():
+            scored = _scored(call.result(), problems, default_pass_ks(n), scorer)
             out[name].update(scored.metrics())
     return out

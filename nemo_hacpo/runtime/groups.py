@@ -4,6 +4,15 @@ Each agent's ranks are placed by a Ray placement group on that agent's own resou
 a GPU on CUDA, a CPU slot otherwise), form their own torch.distributed world (rendezvous at rank 0's node)
 and hold their own Megatron `parallel_state`. A failure in any actor stops the job with the agent and the
 rank named (`WorkerFailure`); nothing is retried silently.
+
+Every call across the boundary is a typed method of `AgentGroup` that returns a `Pending[T]`; several agents'
+calls are started before any is waited for, so agents work concurrently:
+
+    pending = {name: group.generate(prompts, G) for name, group in groups.items()}
+    results = {name: p.result() for name, p in pending.items()}       # GenerationResult per agent
+
+Large arguments (a learner's rows, a generation) are put into Ray's object store once and every rank reads the
+same object; results come back from one rank (rank 0, or the engine ranks for generation).
 """
 
 from __future__ import annotations
@@ -11,13 +20,19 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
 
-from nemo_hacpo.config import AgentConfig, AlgoConfig, HacpoConfig
-from nemo_hacpo.runtime.worker import AgentRank
+from nemo_hacpo.algo.rows import TrainingRows
+from nemo_hacpo.config import AgentConfig, HacpoConfig
+from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
+from nemo_hacpo.runtime.worker import AgentRank, OldLogprobs, RankInfo
+from nemo_hacpo.training.loss_metrics import TrainMetrics
+from nemo_hacpo.training.objective import Objective
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class WorkerFailure(RuntimeError):
@@ -33,19 +48,33 @@ def ranks_by_node(bundle_nodes: dict[int, str]) -> list[int]:
     return sorted(bundle_nodes, key=lambda bundle: (first_bundle[bundle_nodes[bundle]], bundle))
 
 
+def ray_environment(device: str) -> dict[str, str]:
+    """Environment of every Ray worker: offline hubs, quiet tokenizers and vLLM, one OpenMP thread per CPU rank
+    (oversubscribed OpenMP pools make a TP=2 CPU step ~10x slower)."""
+    env = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore"}
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+class _QuietTokenNotice(logging.Filter):
+    """Drops Ray's start-up notice that token authentication is on (printed at every `ray.init`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Token authentication is enabled" not in record.getMessage()
+
+
 def start_ray(cfg: HacpoConfig) -> None:
     """Join `runtime.cluster.ray_address`, or start a local Ray with enough logical CPUs for every rank."""
     import ray
 
     if ray.is_initialized():
         return
+    for name in ("ray", "ray._private.authentication.authentication_token_setup"):
+        logging.getLogger(name).addFilter(_QuietTokenNotice())
     cluster = cfg.runtime.cluster
-    env_vars = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                "VLLM_LOGGING_LEVEL": "WARNING", "PYTHONWARNINGS": "ignore"}
-    if cluster.device == "cpu":
-        # one intra-op thread per rank: oversubscribed OpenMP pools make a TP=2 CPU step ~10x slower
-        env_vars["OMP_NUM_THREADS"] = "1"
-    env = {"env_vars": env_vars}
+    env = {"env_vars": ray_environment(cluster.device)}
     if cluster.ray_address:
         ray.init(address=cluster.ray_address, runtime_env=env, logging_level="WARNING")
         return
@@ -54,21 +83,44 @@ def start_ray(cfg: HacpoConfig) -> None:
              include_dashboard=False, runtime_env=env, logging_level="WARNING")
 
 
-class AgentGroup:
-    """The Ray actors of one agent, rank r in `actors[r]`."""
+class Pending(Generic[T]):
+    """A started call on some of an agent's ranks; `result()` waits (naming a failed or hung rank) and combines
+    the ranks' answers into one `T`."""
 
-    def __init__(self, agent: AgentConfig, algo: AlgoConfig, *, seed: int, run_dir: str, total_updates: int,
-                 device: str, init_weights: str | None = None, start_engine: bool = True,
+    def __init__(self, group: AgentGroup, futures: Sequence[Any], what: str, ranks: Sequence[int] | None,
+                 combine: Callable[[list[Any]], T]):
+        self.group, self.futures, self.what, self.ranks, self.combine = group, list(futures), what, ranks, combine
+
+    def result(self, timeout_s: float | None = None) -> T:
+        return self.combine(self.group.get(self.futures, self.what, self.ranks, timeout_s=timeout_s))
+
+
+def _first(results: list[Any]) -> Any:
+    """Rank 0's answer (collective calls return theirs on rank 0 only)."""
+    return results[0]
+
+
+def _nothing(results: list[Any]) -> None:
+    return None
+
+
+class AgentGroup:
+    """The Ray actors of one agent, rank r in `actors[r]`, and the typed calls the driver makes on them."""
+
+    def __init__(self, agent: AgentConfig, *, seed: int, run_dir: str, total_updates: int, device: str,
+                 keep_reference: bool, init_weights: str | None = None, start_engine: bool = True,
                  resume_from: str | None = None, call_timeout_s: float = 3600.0, collective_timeout_s: float = 1800.0,
-                 gpus_per_rank: float = 1.0, placement_timeout_s: float = 600.0):
-        """`gpus_per_rank` < 1 lets several agents share a GPU (one-GPU benchmarks); clusters use 1.
-        `placement_timeout_s`: how long to wait for Ray to reserve the agent's resources."""
+                 gpus_per_rank: float = 1.0, placement_timeout_s: float = 600.0, log_dir: str | None = None):
+        """`keep_reference`: the ranks keep the frozen reference model of a KL term (β > 0).
+        `gpus_per_rank` < 1 lets several agents share a GPU (one-GPU benchmarks); clusters use 1.
+        `placement_timeout_s`: how long to wait for Ray to reserve the agent's resources.
+        `log_dir`: each rank's process output goes to `<log_dir>/<agent>_rank<r>.log` (None: to Ray's logs)."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.agent = agent
-        self.algo = algo  # what the workers were built for (e.g. whether they keep a reference model)
+        self.keep_reference = keep_reference
         self.seed = seed
         self.call_timeout_s = call_timeout_s
         world = agent.parallel.world_size
@@ -101,11 +153,12 @@ class AgentGroup:
                 runtime_env=runtime_env,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement, placement_group_bundle_index=bundle_of_rank[rank]),
-            ).remote(agent, algo, rank, seed=seed, run_dir=run_dir, total_updates=total_updates,
-                     collective_timeout_s=collective_timeout_s)
+            ).remote(agent, rank, seed=seed, run_dir=run_dir, total_updates=total_updates,
+                     keep_reference=keep_reference, collective_timeout_s=collective_timeout_s, log_dir=log_dir)
             for rank in range(world)
         ]
-        self.info: list[dict[str, Any]] = []
+        self.log_dir = log_dir
+        self.info: list[RankInfo] = []
         try:
             master_addr, master_port = self.get([self.actors[0].address.remote()], "address")[0]
         except WorkerFailure:
@@ -114,7 +167,7 @@ class AgentGroup:
         self._setup = [a.setup.remote(master_addr, master_port, init_weights, start_engine, resume_from)
                        for a in self.actors]
 
-    def wait_ready(self) -> list[dict[str, Any]]:
+    def wait_ready(self) -> list[RankInfo]:
         """Wait for `setup` (started by the constructor, so several agents start their engines at once)."""
         if not self.info:
             self.info = self.get(self._setup, "setup")
@@ -123,31 +176,56 @@ class AgentGroup:
     @property
     def engine_ranks(self) -> list[int]:
         """Ranks that own a vLLM engine (rank 0 on CPU; one per vLLM TP group on CUDA)."""
-        ranks = [info["rank"] for info in self.wait_ready() if info.get("engine") is not None]
+        ranks = [info.rank for info in self.wait_ready() if info.engine is not None]
         if not ranks:
             raise WorkerFailure(f"agent {self.agent.name!r} has no rollout engine (started without engines)")
         return ranks
 
-    def submit_generate(self, prompts: list[list[dict]], n: int, greedy: bool = False, seed: int | None = None,
-                        sleep_after: bool = False) -> list[tuple[int, Any]]:
-        """Start generation on every engine, each on a contiguous slice of the prompts with the seeds a single
-        engine would use (`runtime.placement.split_batch`); returns `(rank, future)` pairs for `collect_generate`."""
+    # -------------------------------------------------------------------------------------- typed calls
+    def generate(self, prompts: list[list[dict]], n: int, *, greedy: bool = False, seed: int | None = None,
+                 sleep_after: bool = False, what: str = "generate") -> Pending[GenerationResult]:
+        """G = n responses per prompt: every engine takes a contiguous slice of the prompts with the seeds a single
+        engine would use (`runtime.placement.split_batch`); the result is merged in prompt order."""
         from nemo_hacpo.rollout.sampling import SEED_MODULUS
         from nemo_hacpo.runtime.placement import split_batch
 
         ranks = self.engine_ranks
-        futures = []
+        futures, used = [], []
         for rank, (start, stop) in zip(ranks, split_batch(len(prompts), len(ranks)), strict=False):
             slice_seed = None if seed is None else (seed + start * n) % SEED_MODULUS
-            futures.append((rank, self.actors[rank].generate.remote(prompts[start:stop], n, greedy, slice_seed,
-                                                                   sleep_after)))
-        return futures
+            futures.append(self.actors[rank].generate.remote(prompts[start:stop], n, greedy, slice_seed, sleep_after))
+            used.append(rank)
+        return Pending(self, futures, what, used, GenerationResult.merge)
 
-    def collect_generate(self, futures: list[tuple[int, Any]], what: str = "generate") -> dict[str, Any]:
-        """The engines' results, merged in prompt order."""
-        from nemo_hacpo.runtime.placement import merge_generations
+    def old_logprobs(self, generation: GenerationResult, with_tokens: bool = False) -> Pending[OldLogprobs]:
+        """m_old of the agent's own responses (and the trainer↔sampler mismatch); see `AgentRank.old_logprobs`."""
+        shared = _put(generation)
+        return Pending(self, [a.old_logprobs.remote(shared, with_tokens) for a in self.actors], "old_logprobs",
+                       None, _first)
 
-        return merge_generations(self.get([f for _, f in futures], what, ranks=[r for r, _ in futures]))
+    def train(self, rows: TrainingRows, objective: Objective, step: int) -> Pending[TrainMetrics]:
+        """`objective.updates_per_step` optimizer updates over the learner's rows."""
+        shared = _put(rows)
+        return Pending(self, [a.train.remote(shared, objective, step) for a in self.actors], "train", None, _first)
+
+    def refit(self) -> Pending[RefitStats]:
+        """The trainer's weights into the agent's engines."""
+        return Pending(self, [a.refit.remote() for a in self.actors], "refit", None, _first)
+
+    def save_checkpoint(self, directory: str, step: int) -> Pending[None]:
+        """Every rank's trainer state into `directory` (Megatron distributed checkpoint)."""
+        return Pending(self, [a.save.remote(directory, step) for a in self.actors], "save", None, _nothing)
+
+    def save_hf(self, directory: str) -> Pending[None]:
+        """The current weights as an HF checkpoint (+ tokenizer) in `directory`."""
+        return Pending(self, [a.save_hf.remote(directory) for a in self.actors], "save_hf", None, _nothing)
+
+    def sft(self, prompts: list[list[dict]] | None, solutions: list[str] | None, steps: int, batch_size: int,
+            seed: int, first_step: int = 0) -> Pending[list[float]]:
+        """Supervised warm-start steps (see `AgentRank.sft`); the NLL of each step."""
+        data = (_put(prompts), _put(solutions)) if prompts is not None else (None, None)
+        return Pending(self, [a.sft.remote(*data, steps, batch_size, seed, first_step) for a in self.actors], "sft",
+                       None, _first)
 
     # ---------------------------------------------------------------------------------------------- calls
     def get(self, futures: Sequence[Any], what: str, ranks: Sequence[int] | None = None,
@@ -174,7 +252,7 @@ class AgentGroup:
                 hung = sorted(rank for _, rank in pending.values())
                 label = f"rank {hung[0]}" if len(hung) == 1 else f"ranks {', '.join(map(str, hung))}"
                 raise WorkerFailure(f"agent {self.agent.name!r} {label} did not finish {what} within {limit:.0f} s "
-                                    "(hung; see runtime.call_timeout_s)")
+                                    f"(hung; see runtime.call_timeout_s){self._log_hint(hung[0])}")
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
             for future in ready:
                 index, rank = pending.pop(future)
@@ -183,6 +261,11 @@ class AgentGroup:
                 except Exception as err:  # RayTaskError / RayActorError wrap the worker's exception
                     raise self._failure(what, rank, err, pending)  # noqa: B904 - its cause is the culprit's error
         return results
+
+    def _log_hint(self, rank: int) -> str:
+        if self.log_dir is None:
+            return ""
+        return f" [its output: {os.path.join(self.log_dir, f'{self.agent.name}_rank{rank}.log')}]"
 
     def _failure(self, what: str, rank: int, err: Exception, pending: dict[Any, tuple[int, int]],
                  grace_s: float = 5.0) -> WorkerFailure:
@@ -203,17 +286,9 @@ class AgentGroup:
         also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} failed too)" if others else ""
         cause = failures[culprit]
         failure = WorkerFailure(f"agent {self.agent.name!r} rank {culprit} failed in {what}: "
-                                f"{type(cause).__name__}: {cause}{also}")
+                                f"{type(cause).__name__}: {cause}{also}{self._log_hint(culprit)}")
         failure.__cause__, failure.__suppress_context__ = cause, True
         return failure
-
-    def call_all(self, method: str, *args: Any) -> list[Any]:
-        """Launch a collective call on every rank; returns the futures (rank order)."""
-        return [getattr(actor, method).remote(*args) for actor in self.actors]
-
-    def run(self, method: str, *args: Any) -> Any:
-        """Collective call, waited for; returns rank 0's result."""
-        return self.get(self.call_all(method, *args), method)[0]
 
     def shutdown(self, timeout_s: float = 120.0) -> None:
         """Stop the engines and process groups cleanly (up to `timeout_s`), then kill the actors."""
@@ -231,3 +306,10 @@ class AgentGroup:
         for actor in self.actors:
             ray.kill(actor)
         remove_placement_group(self.placement)
+
+
+def _put(value: Any) -> Any:
+    """`value` in Ray's object store once (an ObjectRef every actor of the call resolves), or None as is."""
+    import ray
+
+    return None if value is None else ray.put(value)

@@ -3,45 +3,38 @@
     generate (all agents at once) → reward → old log-probs of own samples → broker → M updates per agent
     (all agents at once) → refit → metrics → checkpoint
 
-Every algorithm of spec/hacpo.md's baseline table runs through this loop; `algo.name` only changes the
-broker's mode (shared / naive / isolated), the samples per prompt (2G for gspo_x2) and the loss.
+Every algorithm of the baseline table runs through this loop. What distinguishes them is the algorithm's
+registry entry (`AlgoConfig.algorithm`): the samples per prompt, what the broker builds, whether the old token
+log-probs travel with the rows, and the trainer's `Objective` (algorithm.md §8).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nemo_hacpo.algo import CapabilityTracker
-from nemo_hacpo.broker import AgentRollout, Broker, LearnerTokenizer, Trajectory, broker_mode, write_jsonl
+from nemo_hacpo.broker import AgentRollout, Broker, LearnerTokenizer, write_jsonl
 from nemo_hacpo.config import AlgoConfig, HacpoConfig, dump_config
 from nemo_hacpo.data import MathProblem, PromptDataset, problem_to_messages
+from nemo_hacpo.data.splits import load_split
+from nemo_hacpo.reporting import markdown_table, write_curves
+from nemo_hacpo.rollout.outputs import GenerationResult, agent_rollouts, rollout_metrics
 from nemo_hacpo.rollout.sampling import call_base_seed
-from nemo_hacpo.runtime.checkpoint import archive_previous_run, latest_checkpoint, save_run_checkpoint
-from nemo_hacpo.runtime.datasets import load_split
+from nemo_hacpo.runtime.cross_path import CrossPathMonitor
 from nemo_hacpo.runtime.evaluation import evaluate_agents
 from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray
-from nemo_hacpo.runtime.metrics import (
-    CrossPathMonitor,
-    MetricsLogger,
-    drop_records_after,
-    markdown_table,
-    write_curves,
-)
+from nemo_hacpo.runtime.run_checkpoint import archive_previous_run, latest_checkpoint, save_run_checkpoint
+from nemo_hacpo.runtime.step_log import MetricsLogger, drop_records_after
 from nemo_hacpo.runtime.warmstart import ensure_warm_start
+from nemo_hacpo.runtime.worker import OldLogprobs
+from nemo_hacpo.training.objective import Objective
 
 logger = logging.getLogger(__name__)
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
 
 
 def batch_group_ids(problems: list[MathProblem]) -> list[str]:
@@ -59,32 +52,18 @@ def batch_group_ids(problems: list[MathProblem]) -> list[str]:
     return ids
 
 
-def own_rollouts(agent: str, problems: list[MathProblem], messages: list[list[dict]], generated: dict[str, Any],
-                 rewards: list[float], token_logprobs: torch.Tensor, step: int) -> tuple[list[AgentRollout], dict]:
-    """Turn one agent's generations + rewards + trainer token log-probs into broker rollouts and metrics."""
-    rollouts, mismatch, lengths, truncated = [], [], [], 0
-    index = 0
-    group_ids = batch_group_ids(problems)
-    for b, (problem, prompt_ids) in enumerate(zip(problems, generated["prompt_token_ids"], strict=True)):
-        for g, response in enumerate(generated["responses"][b]):
-            ids = response["token_ids"]
-            start = len(prompt_ids) - 1  # shifted layout: column t scores token t + 1
-            trainer_lp = token_logprobs[index, start:start + len(ids)]
-            mean_lp = float(trainer_lp.mean()) if len(ids) else 0.0
-            mismatch.extend((trainer_lp - torch.tensor(response["logprobs"])).abs().tolist())
-            lengths.append(len(ids))
-            truncated += response["finish_reason"] == "length"
-            trajectory = Trajectory(
-                prompt_id=group_ids[b], messages=messages[b], response_text=response["text"], source=agent,
-                sample_index=g, finish_reason=response["finish_reason"], reward=rewards[index],
-                source_mean_logprob=mean_lp, source_num_tokens=len(ids), gold=problem.answer, step=step,
-                metadata={"level": str(problem.level)} if problem.level is not None else {})
-            rollouts.append(AgentRollout(trajectory, list(prompt_ids) + ids, [0] * len(prompt_ids) + [1] * len(ids)))
-            index += 1
-    metrics = {"reward_mean": _mean(rewards), "response_length_mean": _mean(lengths),
-               "response_length_max": float(max(lengths, default=0)), "truncation_rate": truncated / max(len(lengths), 1),
-               "mismatch_token_mult_prob_error": math.exp(_mean(mismatch)) if mismatch else math.nan}
-    return rollouts, metrics
+def own_rollouts(agent: str, problems: list[MathProblem], messages: list[list[dict]], generation: GenerationResult,
+                 rewards: list[float], old: OldLogprobs, step: int) -> tuple[list[AgentRollout], dict[str, float]]:
+    """One agent's generation + rewards + its trainer's old log-probs → the broker's rollouts, and the agent's
+    generation metrics of the step (rewards, lengths, truncation, trainer↔sampler mismatch)."""
+    group_size = len(generation.responses[0]) if generation.responses else 0
+    per_prompt = [old.mean[b * group_size:(b + 1) * group_size] for b in range(len(problems))]
+    rollouts = agent_rollouts(
+        generation, messages, source=agent, prompt_ids=batch_group_ids(problems), golds=[p.answer for p in problems],
+        rewards=[rewards[b * group_size:(b + 1) * group_size] for b in range(len(problems))],
+        mean_logprobs=per_prompt, token_logprobs=old.token, step=step,
+        metadata=[{"level": str(p.level)} if p.level is not None else {} for p in problems])
+    return rollouts, {**rollout_metrics(generation, rewards), "mismatch_token_mult_prob_error": old.mismatch}
 
 
 class HacpoRun:
@@ -106,11 +85,6 @@ class HacpoRun:
         self.eval_history: list[dict[str, Any]] = []
         self.groups: dict[str, AgentGroup] = {}
         self._learners: dict[str, LearnerTokenizer] | None = None
-
-    @property
-    def mode(self) -> str:
-        """The broker mode of the current algorithm: hacpo / naive (shared rollouts) or isolated."""
-        return broker_mode(self.cfg.algo.name)
 
     @property
     def samples_per_prompt(self) -> int:
@@ -144,10 +118,10 @@ class HacpoRun:
         total_updates = cfg.runtime.steps * cfg.algo.updates_per_step
         for i, agent in enumerate(cfg.agents):
             self.groups[agent.name] = AgentGroup(
-                agent, cfg.algo, seed=cfg.runtime.seed + 1000 * i, run_dir=str(self.out_dir),
-                total_updates=total_updates, device=cfg.runtime.cluster.device, init_weights=init[agent.name],
+                agent, seed=cfg.runtime.seed + 1000 * i, run_dir=str(self.out_dir), total_updates=total_updates,
+                device=cfg.runtime.cluster.device, keep_reference=cfg.algo.kl_coef > 0, init_weights=init[agent.name],
                 resume_from=resume_from[agent.name], call_timeout_s=cfg.runtime.call_timeout_s,
-                collective_timeout_s=cfg.runtime.collective_timeout_s)
+                collective_timeout_s=cfg.runtime.collective_timeout_s, log_dir=str(self.out_dir / "logs"))
         for group in self.groups.values():
             info = group.wait_ready()
             logger.info("agent %s ready: %s", group.agent.name, info[0])
@@ -166,11 +140,9 @@ class HacpoRun:
         return self._learners
 
     def _make_broker(self, algo: AlgoConfig) -> Broker:
-        mode = broker_mode(algo.name)
-        return Broker(self.agents, self._learner_tokenizers() if mode != "isolated" else {}, mode=mode,
-                      tracker=self.tracker, adv_eps=algo.adv_eps,
-                      capability_baseline=algo.ablation.capability_baseline,
-                      gradient_modulation=algo.ablation.gradient_modulation)
+        spec = algo.algorithm  # the registry entry, ablations applied
+        return Broker(self.agents, self._learner_tokenizers() if spec.shares_rollouts else {}, algorithm=spec,
+                      tracker=self.tracker, adv_eps=algo.adv_eps)
 
     def use_algorithm(self, algo: AlgoConfig) -> None:
         """Train the next steps of this (started) run with another algorithm of the baseline table: the broker's
@@ -183,50 +155,46 @@ class HacpoRun:
         """
         if not self.groups:
             raise RuntimeError("use_algorithm() needs a started run (call start() first)")
-        started_with = self.groups[self.agents[0]].algo
-        if algo.kl_coef > 0 and not started_with.kl_coef > 0:
+        if algo.kl_coef > 0 and not self.groups[self.agents[0]].keep_reference:
             raise ValueError(f"algo {algo.name!r} has kl_coef={algo.kl_coef} but this run's workers keep no "
-                             f"reference model (they were started for {started_with.name!r} with kl_coef=0)")
+                             f"reference model (they were started for {self.cfg.algo.name!r} with kl_coef=0)")
         self.broker = self._make_broker(algo)
         self.cfg = dataclasses.replace(self.cfg, algo=algo)
 
     # ---------------------------------------------------------------------------------------------- step
     def run_step(self, scorer) -> dict[str, float]:
-        cfg, step = self.cfg, self.step + 1
+        cfg, step, algo = self.cfg, self.step + 1, self.cfg.algo
+        samples = self.samples_per_prompt
         timings: dict[str, float] = {}
         tick = time.perf_counter()
-        problems = self.train_set.next_batch(cfg.algo.batch_size)
+        problems = self.train_set.next_batch(algo.batch_size)
         messages = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
 
         # the step fixes the sampling seeds: a resumed run draws exactly what an uninterrupted one would
         # colocated GPU engines sleep after generating: their GPUs train next, and the refit wakes them
-        futures = {a: g.submit_generate(messages, self.samples_per_prompt, seed=call_base_seed(g.seed, step),
-                                        sleep_after=True) for a, g in self.groups.items()}
-        generated = {a: self.groups[a].collect_generate(f) for a, f in futures.items()}
+        pending = {a: g.generate(messages, samples, seed=call_base_seed(g.seed, step), sleep_after=True)
+                   for a, g in self.groups.items()}
+        generated = {a: call.result() for a, call in pending.items()}
         timings["generate_s"] = time.perf_counter() - tick
 
         tick = time.perf_counter()
-        texts = [r["text"] for a in self.agents for group in generated[a]["responses"] for r in group]
-        golds = [p.answer for _ in self.agents for p in problems for _ in range(self.samples_per_prompt)]
+        texts = [r.text for a in self.agents for r in generated[a].flat()]
+        golds = [p.answer for _ in self.agents for p in problems for _ in range(samples)]
         scored = scorer.score(texts, golds)
-        per_agent = len(problems) * self.samples_per_prompt
+        per_agent = len(problems) * samples
         rewards = {a: scored.rewards[i * per_agent:(i + 1) * per_agent] for i, a in enumerate(self.agents)}
         timings["reward_s"] = time.perf_counter() - tick
         metrics: dict[str, float] = dict(scored.metrics())
 
         tick = time.perf_counter()
-        lp_futures = {}
-        for a, group in self.groups.items():
-            rows = [(list(ids) + r["token_ids"], [0] * len(ids) + [1] * len(r["token_ids"]))
-                    for ids, grp in zip(generated[a]["prompt_token_ids"], generated[a]["responses"], strict=True)
-                    for r in grp]
-            lp_futures[a] = group.call_all("mean_logprobs", [r[0] for r in rows], [r[1] for r in rows], True)
+        with_tokens = algo.algorithm.needs_old_token_logprobs
+        old_pending = {a: g.old_logprobs(generated[a], with_tokens) for a, g in self.groups.items()}
         rollouts = {}
-        for a, futs in lp_futures.items():
-            token_lp = self.groups[a].get(futs, "mean_logprobs")[0]
-            rollouts[a], agent_metrics = own_rollouts(a, problems, messages, generated[a], rewards[a], token_lp, step)
+        for a, call in old_pending.items():
+            rollouts[a], agent_metrics = own_rollouts(a, problems, messages, generated[a], rewards[a], call.result(),
+                                                      step)
             metrics.update({f"{a}/{k}": v for k, v in agent_metrics.items()})
-            metrics[f"{a}/generate_tokens_per_s"] = generated[a]["stats"]["tokens_per_s"]
+            metrics[f"{a}/generate_tokens_per_s"] = generated[a].stats["tokens_per_s"]
         timings["logprob_s"] = time.perf_counter() - tick
 
         tick = time.perf_counter()
@@ -240,22 +208,24 @@ class HacpoRun:
                         [r.trajectory for a in self.agents for r in rollouts[a]])
 
         tick = time.perf_counter()
-        train_futures = {a: g.call_all("train", brokered.views[a], cfg.algo, step) for a, g in self.groups.items()}
-        for a, futs in train_futures.items():
-            result = self.groups[a].get(futs, "train")[0]
+        objective = Objective.of(algo)
+        train_pending = {a: g.train(brokered.rows[a], objective, step) for a, g in self.groups.items()}
+        for a, call in train_pending.items():
+            result = call.result().flat()
             if not result.get("num_cross"):  # isolated modes: cross statistics over no rows are undefined
                 result = {k: v for k, v in result.items() if not k.startswith("cross_")}
             metrics.update({f"{a}/train/{k}": v for k, v in result.items()})
             self.totals[a]["rollouts_generated"] += brokered.generated[a]
-            self.totals[a]["sequences_trained"] += len(brokered.views[a])
+            self.totals[a]["sequences_trained"] += len(brokered.rows[a])
             metrics[f"{a}/rollouts_generated_total"] = self.totals[a]["rollouts_generated"]
             metrics[f"{a}/sequences_trained_total"] = self.totals[a]["sequences_trained"]
         timings["train_s"] = time.perf_counter() - tick
 
         tick = time.perf_counter()
-        refit_futures = {a: g.call_all("refit") for a, g in self.groups.items()}
-        for a, futs in refit_futures.items():
-            self.groups[a].get(futs, "refit")
+        refit_pending = {a: g.refit() for a, g in self.groups.items()}
+        for a, call in refit_pending.items():
+            refit = call.result()
+            metrics[f"{a}/refit_mb"] = refit.bytes / 1e6
         timings["refit_s"] = time.perf_counter() - tick
         metrics.update({f"time/{k}": v for k, v in timings.items()})
         self.step = step
@@ -315,9 +285,9 @@ class HacpoRun:
 
     def export_hf(self) -> dict[str, Path]:
         """Every agent's current weights (+ tokenizer) as an HF checkpoint under `<output_dir>/hf/<agent>`."""
-        futures = {a: g.call_all("save_hf", str(self.out_dir / "hf" / a)) for a, g in self.groups.items()}
-        for a, futs in futures.items():
-            self.groups[a].get(futs, "save_hf")
+        pending = {a: g.save_hf(str(self.out_dir / "hf" / a)) for a, g in self.groups.items()}
+        for call in pending.values():
+            call.result()
         return {a: self.out_dir / "hf" / a for a in self.agents}
 
     def checkpoint(self) -> Path:

@@ -15,7 +15,6 @@ gets base seed S + b0·n, so every request has the seed it would have had in one
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 
 def engine_layout(hosts: Sequence[str], gpu_ids: Sequence[int | None], engine_tp: int,
@@ -62,17 +61,3 @@ def split_batch(num_prompts: int, num_engines: int) -> list[tuple[int, int]]:
             slices.append((start, stop))
         start = stop
     return slices
-
-
-def merge_generations(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Concatenate the engines' `generate` results (in slice order); throughput adds up across engines."""
-    if not parts:
-        raise ValueError("no generation results to merge")
-    merged: dict[str, Any] = {"prompt_token_ids": [], "responses": []}
-    for part in parts:
-        merged["prompt_token_ids"] += part["prompt_token_ids"]
-        merged["responses"] += part["responses"]
-    stats = [part.get("stats", {}) for part in parts]
-    merged["stats"] = {key: sum(s.get(key, 0.0) for s in stats) if key in ("tokens_per_s", "num_generated_tokens")
-                       else max(s.get(key, 0.0) for s in stats) for key in stats[0]}
-    return merged

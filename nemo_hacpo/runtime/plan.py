@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nemo_hacpo.config import AgentConfig, HacpoConfig
-from nemo_hacpo.models.spec import ModelArch
+from nemo_hacpo.models.architecture import ModelArch
 
 GIB = 1024**3
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

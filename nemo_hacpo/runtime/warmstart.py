@@ -2,7 +2,8 @@
 
 Random tiny models earn no reward, so RL would have nothing to learn from. Before the first RL step each
 `model.source: tiny` agent is fine-tuned on worked solutions of generated training problems (the same
-trainer, micro-batching and optimizer as RL, on the NLL; see `AgentRank.sft`), then saved as an HF checkpoint under
+trainer, micro-batching and optimizer as RL, on the `nll` objective; see `AgentRank.sft`), then saved as an HF
+checkpoint under
 `warmstart.cache_dir/<agent>-<hash>`, where the hash covers everything that shapes the result (architecture,
 tokenizer, chat template, lengths, warm-start settings, system prompt). Later runs reuse it.
 """
@@ -16,11 +17,13 @@ import logging
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from nemo_hacpo.config import AgentConfig, HacpoConfig
 from nemo_hacpo.data import problem_to_messages
 from nemo_hacpo.data.arithmetic import generate_problems
-from nemo_hacpo.runtime.metrics import format_duration
+from nemo_hacpo.models.chat import render_prompt_ids
+from nemo_hacpo.reporting import format_duration
 
 logger = logging.getLogger(__name__)
 MARKER = "nemo_hacpo_warmstart.json"
@@ -34,6 +37,19 @@ def _tokenizer_fingerprint(agent: AgentConfig) -> str | None:
 
     source = agent.tokenizer.source
     return tokenizer_path(source).name if source in TOKENIZER_SOURCES else None
+
+
+def encode_solutions(prompts: list[list[dict]], solutions: list[str], tokenizer: Any, chat_template: str | None,
+                     max_response_length: int) -> list[tuple[list[int], list[int]]]:
+    """`(token_ids, response_mask)` of each worked solution in one agent's format: the prompt rendered with its
+    chat template, then the solution and its EOS (cut to `max_response_length` tokens), scored on the solution."""
+    eos = tokenizer.eos_token_id
+    rows = []
+    for messages, solution in zip(prompts, solutions, strict=True):
+        prompt = render_prompt_ids(messages, tokenizer, chat_template)
+        response = (tokenizer(solution, add_special_tokens=False)["input_ids"] + [eos])[:max_response_length]
+        rows.append((prompt + response, [0] * len(prompt) + [1] * len(response)))
+    return rows
 
 
 def warm_start_seed(agent: AgentConfig, cfg: HacpoConfig) -> int:
@@ -87,9 +103,10 @@ def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
         for agent, _ in todo:
             sft_agent = dataclasses.replace(agent, optimizer=dataclasses.replace(
                 agent.optimizer, lr=ws.lr, min_lr=0.0, lr_warmup_steps=min(20, ws.steps // 10), lr_decay_style="cosine"))
-            groups.append(AgentGroup(sft_agent, cfg.algo, seed=warm_start_seed(agent, cfg),
+            groups.append(AgentGroup(sft_agent, seed=warm_start_seed(agent, cfg), keep_reference=False,
                                      run_dir=str(Path(ws.cache_dir).expanduser()), total_updates=ws.steps,
-                                     device=cfg.runtime.cluster.device, start_engine=False))
+                                     device=cfg.runtime.cluster.device, start_engine=False,
+                                     log_dir=str(Path(cfg.runtime.output_dir) / "logs")))
         for group in groups:
             group.wait_ready()
         start = time.perf_counter()
@@ -100,9 +117,9 @@ def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
         for first in range(0, ws.steps, chunk):
             n = min(chunk, ws.steps - first)
             data = (prompts, solutions) if first == 0 else (None, None)
-            futures = [group.call_all("sft", *data, n, ws.batch_size, ws.seed, first) for group in groups]
-            for group, futs, losses in zip(groups, futures, all_losses, strict=True):
-                losses.extend(group.get(futs, "sft")[0])
+            pending = [group.sft(*data, n, ws.batch_size, ws.seed, first) for group in groups]
+            for call, losses in zip(pending, all_losses, strict=True):
+                losses.extend(call.result())
             done_steps = first + n
             elapsed = time.perf_counter() - start
             rate = elapsed / done_steps
@@ -113,7 +130,7 @@ def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
         for group, losses, (agent, target) in zip(groups, all_losses, todo, strict=True):
             tmp = target.with_name(target.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            group.run("save_hf", str(tmp))
+            group.save_hf(str(tmp)).result()
             (tmp / MARKER).write_text(json.dumps({"agent": agent.name, "steps": ws.steps, "losses": losses}))
             shutil.rmtree(target, ignore_errors=True)
             tmp.rename(target)

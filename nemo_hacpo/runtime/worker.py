@@ -1,11 +1,13 @@
-"""One rank of one agent: its torch.distributed world, Megatron trainer shard and (on rank 0) vLLM engine.
+"""One rank of one agent: its torch.distributed world, Megatron trainer shard and (on engine ranks) vLLM engine.
 
 `AgentRank` is a plain class so it can run in-process for tests; the runtime hosts one per Ray actor
 (`AgentGroup`), one actor per rank, so every agent owns its own processes, its own process group and its own
 Megatron `parallel_state` — two agents with different layouts never share global state.
 
-Collective methods (`mean_logprobs`, `train`, `refit`, `save`, `load`, `save_hf`) must be called on every
-rank of the agent with the same arguments; generation runs on rank 0, which owns the engine.
+Collective methods (`old_logprobs`, `train`, `refit`, `save`, `load`, `save_hf`, `sft`) must be called on every
+rank of the agent with the same arguments; they return their (identical) result on rank 0 and None elsewhere,
+so a result crosses Ray once. Generation runs on the engine ranks. What crosses Ray is typed: `RankInfo`,
+`GenerationResult`, `OldLogprobs`, `TrainMetrics`, `RefitStats`.
 """
 
 from __future__ import annotations
@@ -13,13 +15,52 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from nemo_hacpo.config import AgentConfig, AlgoConfig
+from nemo_hacpo.algo.rows import TrainingRows
+from nemo_hacpo.config import AgentConfig
+from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
+from nemo_hacpo.training.loss_metrics import TrainMetrics
+from nemo_hacpo.training.objective import Objective
+
+if TYPE_CHECKING:
+    from nemo_hacpo.models.architecture import ModelArch
+    from nemo_hacpo.rollout.protocol import RolloutBackend
+    from nemo_hacpo.training.trainer import MegatronTrainer
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """What a rank reports once it is set up."""
+
+    agent: str
+    rank: int
+    parameters: int
+    """Parameters of this rank's model shard."""
+    family: str | None
+    """The architecture family (llama, qwen3, gpt2, …)."""
+    engine: dict[str, float] | None
+    """The engine's start-up stats when this rank owns one, else None."""
+    log_file: str | None = None
+    """Where this rank's process output goes (None: inherited, e.g. in-process tests)."""
+
+
+@dataclass(frozen=True)
+class OldLogprobs:
+    """The trainer's log-probs of an agent's own responses at the sampling weights (algorithm.md §4).
+
+    `mean[i]` = m_old of response i (flat order), the mean over its response tokens; `mismatch` is
+    exp(token-mean |trainer − sampler|) over all response tokens (`rollout.mismatch`; 1 = identical); `token`,
+    when asked for, holds each response row's per-token log-probs in the shifted layout (the token-level loss).
+    """
+
+    mean: list[float]
+    mismatch: float
+    token: list[torch.Tensor] | None = None
 
 
 def _assigned_gpu() -> int | None:
@@ -47,20 +88,42 @@ def node_ip_address() -> str:
     return ray.util.get_node_ip_address()
 
 
-class AgentRank:
-    """Rank `rank` of agent `agent.name`. Call `setup` (collective) before anything else."""
+def redirect_output(log_file: Path) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, so also the engine processes it spawns
+    and C++ libraries) to `log_file`, appending: third-party chatter belongs in the run's logs, not the console."""
+    import sys
 
-    def __init__(self, agent: AgentConfig, algo: AlgoConfig, rank: int, *, seed: int,
-                 run_dir: str, total_updates: int, collective_timeout_s: float = 1800.0):
-        self.agent, self.algo, self.rank = agent, algo, rank
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class AgentRank:
+    """Rank `rank` of agent `agent.name`. Call `setup` (collective) before anything else.
+
+    `keep_reference`: build the frozen reference model of the KL term (β > 0). `log_dir`: where this rank's
+    process output goes (`<log_dir>/<agent>_rank<r>.log`); None keeps the inherited output.
+    """
+
+    def __init__(self, agent: AgentConfig, rank: int, *, seed: int, run_dir: str, total_updates: int,
+                 keep_reference: bool, collective_timeout_s: float = 1800.0, log_dir: str | None = None):
+        self.agent, self.rank, self.keep_reference = agent, rank, keep_reference
         self.collective_timeout_s = collective_timeout_s
         self.seed, self.run_dir, self.total_updates = seed, Path(run_dir), total_updates
+        self.log_file = Path(log_dir) / f"{agent.name}_rank{rank}.log" if log_dir else None
+        if self.log_file is not None:
+            redirect_output(self.log_file)
         self._store: Any = None  # rank 0: the agent's rendezvous store, listening from `address` on
-        self.trainer: Any = None
-        self.engine: Any = None
+        self.trainer: MegatronTrainer | None = None
+        self.engine: RolloutBackend | None = None
         self.engine_gpus: list[int] | None = None
         self.tokenizer: Any = None
-        self.arch: Any = None
+        self.arch: ModelArch | None = None
+        self._sft_rows: list[tuple[list[int], list[int]]] = []
 
     # ------------------------------------------------------------------------------------------- set-up
     def address(self) -> tuple[str, int]:
@@ -80,15 +143,15 @@ class AgentRank:
         return host, self._store.port
 
     def setup(self, master_addr: str, master_port: int, init_weights: str | None = None,
-              start_engine: bool = True, resume_from: str | None = None) -> dict[str, Any]:
-        """Join the agent's world, build the trainer, load initial weights, start the engine (rank 0).
+              start_engine: bool = True, resume_from: str | None = None) -> RankInfo:
+        """Join the agent's world, build the trainer, load initial weights, start the engine (engine ranks).
 
         `init_weights`: an HF checkpoint directory or a trainer checkpoint to start from; None = the agent's own
         source (its HF path, or a seeded random init for tiny models). The reference model (β > 0) is a copy of
         these initial weights. `resume_from`: a trainer checkpoint loaded afterwards (model, optimizer,
         scheduler, RNG), so a resumed run keeps the original reference.
         """
-        from nemo_hacpo.models.spec import model_arch
+        from nemo_hacpo.models.architecture import model_arch
         from nemo_hacpo.models.tokenizers import load_tokenizer
         from nemo_hacpo.training import MegatronTrainer, init_distributed
 
@@ -102,7 +165,7 @@ class AgentRank:
         self.tokenizer = load_tokenizer(self.agent.model.path if source == "model" else source)
         self.arch = model_arch(self.agent, len(self.tokenizer))
         self.trainer = MegatronTrainer(self.agent, self.arch, seed=self.seed, total_updates=self.total_updates,
-                                       reference_model=self.algo.kl_coef > 0)
+                                       reference_model=self.keep_reference)
         start = init_weights or (self.agent.model.path if self.agent.model.source == "hf" else None)
         if start is not None:
             self.load_weights(start)
@@ -110,11 +173,10 @@ class AgentRank:
             self.trainer.sync_reference()
         if resume_from is not None:
             self.trainer.load_checkpoint(resume_from)
-        info = {"agent": self.agent.name, "rank": self.rank, "parameters": sum(
-            p.numel() for p in self.trainer.model.parameters()), "family": self.arch.family}
-        if start_engine:
-            info["engine"] = self.start_engine()
-        return info
+        engine = self.start_engine() if start_engine else None
+        return RankInfo(agent=self.agent.name, rank=self.rank,
+                        parameters=sum(p.numel() for p in self.trainer.model.parameters()), family=self.arch.family,
+                        engine=engine, log_file=str(self.log_file) if self.log_file else None)
 
     def _engine_gpus(self, gpu: int | None) -> list[int] | None:
         """Collective: the GPUs of this rank's engine ([] on CPU), or None when this rank owns no engine."""
@@ -130,17 +192,22 @@ class AgentRank:
         layout = engine_layout(hosts, gpus, self.agent.rollout.tensor_parallel_size, device)
         return layout.get(self.rank)
 
+    def _trainer(self) -> MegatronTrainer:
+        if self.trainer is None:
+            raise RuntimeError(f"agent {self.agent.name!r} rank {self.rank}: call setup() first")
+        return self.trainer
+
     def load_weights(self, path: str) -> None:
         """Initial weights from an HF checkpoint dir or a trainer checkpoint dir (model + optimizer state)."""
         from nemo_hacpo.models.hf_conversion import load_hf_into_megatron
 
-        path_obj = Path(path)
+        trainer, path_obj = self._trainer(), Path(path)
         if (path_obj / "config.json").is_file():
-            load_hf_into_megatron([self.trainer.module], self.arch, str(path_obj))
+            load_hf_into_megatron([trainer.module], self.arch, str(path_obj), parallel=trainer.model_parallel)
             # the optimizer keeps its own (fp32 / sharded) copy of the parameters: refresh it
-            self.trainer.optimizer.reload_model_params()
+            trainer.optimizer.reload_model_params()
         elif path_obj.is_dir():
-            self.trainer.load_checkpoint(str(path_obj))
+            trainer.load_checkpoint(str(path_obj))
         else:
             raise FileNotFoundError(f"agent {self.agent.name!r}: no initial weights at {path_obj.resolve()} "
                                     "(expected an HF checkpoint or a trainer checkpoint directory)")
@@ -170,8 +237,8 @@ class AgentRank:
 
     # --------------------------------------------------------------------------------------- generation
     def generate(self, prompts: list[list[dict]], n: int, greedy: bool = False,
-                 seed: int | None = None, sleep_after: bool = False) -> dict[str, Any]:
-        """Engine ranks: G = n responses per prompt. Returns plain data (Ray ships it to the driver).
+                 seed: int | None = None, sleep_after: bool = False) -> GenerationResult:
+        """Engine ranks: G = n responses per prompt.
 
         `seed`: the call's base seed (the loop derives it from the agent's seed and the step, so a resumed run
         samples exactly what an uninterrupted one does); None = the engine's own call counter.
@@ -185,107 +252,101 @@ class AgentRank:
         sampling = SamplingSettings(temperature=0.0) if greedy else None
         self.engine.wake_up()
         result = self.engine.generate(prompts, n, sampling=sampling, seed=seed)
-        if sleep_after and self.engine.settings.enable_sleep_mode:
+        if sleep_after and self.engine.can_sleep:
             self.engine.sleep(level=2)  # weights and KV cache dropped: the refit after training rewrites them
-        return {
-            "prompt_token_ids": [list(ids) for ids in result.prompt_token_ids],
-            "responses": [[{"token_ids": list(r.token_ids), "text": r.text, "finish_reason": r.finish_reason,
-                            "logprobs": list(r.logprobs)} for r in group] for group in result.responses],
-            "stats": dict(result.stats),
-        }
+        return result
 
     # ----------------------------------------------------------------------------------------- training
-    def mean_logprobs(self, token_ids: list[list[int]], response_mask: list[list[int]],
-                      per_token: bool = False) -> torch.Tensor:
-        """Collective: m_old [N] (or token log-probs [N, T], shifted layout) under the current weights."""
-        rows = SimpleNamespace(token_ids=token_ids, response_mask=response_mask)
-        if per_token:
-            return self.trainer.compute_token_logprobs(rows)
-        return self.trainer.compute_mean_logprobs(rows)
+    def old_logprobs(self, generation: GenerationResult, with_tokens: bool = False) -> OldLogprobs | None:
+        """Collective: m_old of each of the agent's own responses under the current (= sampling) weights, the
+        trainer↔sampler mismatch, and with `with_tokens` the per-token rows (see `OldLogprobs`). Rank 0 returns.
 
-    def train(self, view: Any, algo: AlgoConfig, step: int) -> dict[str, float]:
-        """Collective: M optimizer updates over the learner's view."""
-        return self.trainer.train_step(view, algo, step)
+        The per-token log-probs stay on the ranks unless asked for: only the means cross Ray."""
+        from nemo_hacpo.rollout.mismatch import ragged_token_mult_prob_error
 
-    def refit(self) -> dict[str, float]:
-        """Collective: stream the trainer's weights in HF layout into the engine (rank 0)."""
+        token_ids, masks = generation.training_rows()
+        token_logprobs = self._trainer().compute_token_logprobs(token_ids, masks)  # [N, T], shifted layout
+        if self.rank != 0:
+            return None
+        means, trainer_rows, sampler_rows = [], [], []
+        for n, (start, response) in enumerate(zip(generation.response_starts(), generation.flat(), strict=True)):
+            scored = token_logprobs[n, start:start + response.num_tokens]  # the response's own tokens
+            means.append(float(scored.mean()) if response.num_tokens else 0.0)
+            trainer_rows.append(scored.tolist())
+            sampler_rows.append(response.logprobs)
+        has_tokens = any(response.num_tokens for response in generation.flat())
+        mismatch = ragged_token_mult_prob_error(trainer_rows, sampler_rows) if has_tokens else float("nan")
+        tokens = [token_logprobs[n, :len(ids) - 1].clone() for n, ids in enumerate(token_ids)] if with_tokens else None
+        return OldLogprobs(mean=means, mismatch=mismatch, token=tokens)
+
+    def train(self, rows: TrainingRows, objective: Objective, step: int) -> TrainMetrics | None:
+        """Collective: `objective.updates_per_step` optimizer updates over the learner's rows. Rank 0 returns."""
+        metrics = self._trainer().train_step(rows, objective, step)
+        return metrics if self.rank == 0 else None
+
+    def refit(self) -> RefitStats | None:
+        """Collective: stream the trainer's weights in HF layout into the engine (engine ranks); the first
+        engine rank returns its stats."""
         from nemo_hacpo.models.hf_conversion import export_hf_weights
 
-        weights = export_hf_weights([self.trainer.module], self.arch, to_cpu=True)
+        trainer = self._trainer()
+        weights = export_hf_weights([trainer.module], self.arch, to_cpu=True, parallel=trainer.model_parallel)
         if self.engine is None:
-            for _ in weights:  # every rank runs the gather in step; only rank 0 has an engine to feed
+            for _ in weights:  # every rank runs the gather in step; only engine ranks feed an engine
                 pass
-            return {}
+            return None
         self.engine.wake_up(["weights"])  # colocated CUDA: re-allocate the weights only, then the KV cache
-        self.engine.refit(weights)
+        stats = self.engine.refit(weights)
         self.engine.wake_up(["kv_cache"])
-        return {key: float(value) for key, value in self.engine.stats.items() if key.startswith("last_refit")}
+        return stats if self.rank == 0 else None
 
     def sft(self, prompts: list[list[dict]] | None, solutions: list[str] | None, steps: int, batch_size: int,
-            seed: int, first_step: int = 0) -> list[float]:
-        """Collective: supervised warm start on worked solutions, through the same loss and optimizer path.
+            seed: int, first_step: int = 0) -> list[float] | None:
+        """Collective: supervised warm start on worked solutions, through the same trainer path as RL.
 
-        One update per step on the sequence-mean token NLL of the solutions (EOS included; the trainer's `sft`
-        objective: the same micro-batching, schedule, optimizer and LR schedule as RL, one forward-backward per
-        micro-batch and no separate no-grad pass). Returns the NLL per step (sequence-mean of the token-mean
-        NLL, at the weights before the step's update: the loss of that update's forward).
+        One update per step on the `nll` objective (`Objective.sft()`: sequence-mean token NLL of the solutions,
+        EOS included; the same micro-batching, schedule, optimizer and LR schedule as RL). Returns (rank 0) the
+        NLL per step, at the weights before the step's update.
 
         Steps `first_step .. first_step + steps − 1` of the seeded schedule run, so the driver can call it in
         chunks (and show progress) and get exactly the batches of one long call; `prompts`/`solutions` may be
         None after the first chunk (the encoded set is kept).
         """
-        import dataclasses
         import random
 
-        from nemo_hacpo.broker.reencode import render_prompt_ids
-        from nemo_hacpo.training.batching import TrainingRows
+        from nemo_hacpo.runtime.warmstart import encode_solutions
 
         if prompts is not None:
-            template = self.agent.tokenizer.chat_template
-            eos = self.tokenizer.eos_token_id
-            self._sft_encoded = []
-            for messages, solution in zip(prompts, solutions or [], strict=True):
-                prompt = render_prompt_ids(messages, self.tokenizer, template)
-                response = self.tokenizer(solution, add_special_tokens=False)["input_ids"] + [eos]
-                response = response[: self.agent.max_response_length]
-                self._sft_encoded.append((prompt + response, [0] * len(prompt) + [1] * len(response)))
-        encoded = getattr(self, "_sft_encoded", None)
-        if not encoded:
+            self._sft_rows = encode_solutions(prompts, solutions or [], self.tokenizer,
+                                              self.agent.tokenizer.chat_template, self.agent.max_response_length)
+        if not self._sft_rows:
             raise ValueError(f"agent {self.agent.name!r}: sft needs prompts and solutions on its first call")
-        from nemo_hacpo.training.objective import SFT
-
-        sft_algo = dataclasses.replace(self.algo, name=SFT, updates_per_step=1, kl_coef=0.0)
+        trainer, objective = self._trainer(), Objective.sft()
         rng = random.Random(seed)
-        size = min(batch_size, len(encoded))
+        size = min(batch_size, len(self._sft_rows))
         for _ in range(first_step):  # replay the schedule up to this chunk (cheap: index draws only)
-            rng.sample(range(len(encoded)), size)
+            rng.sample(range(len(self._sft_rows)), size)
         losses = []
         for step in range(first_step, first_step + steps):
-            batch = [encoded[i] for i in rng.sample(range(len(encoded)), size)]
-            token_ids, masks = [b[0] for b in batch], [b[1] for b in batch]
-            n = len(batch)
-            rows = TrainingRows(token_ids=token_ids, response_mask=masks, advantages=torch.ones(n),
-                                is_cross=torch.zeros(n, dtype=torch.bool), omega=torch.ones(n),
-                                behaviour_mean_logprob=torch.zeros(n))  # unused by the sft objective
-            losses.append(self.trainer.train_step(rows, sft_algo, step)["loss"])  # NLL before this update
-        return losses
+            batch = [self._sft_rows[i] for i in rng.sample(range(len(self._sft_rows)), size)]
+            rows = TrainingRows.supervised([ids for ids, _ in batch], [mask for _, mask in batch])
+            losses.append(trainer.train_step(rows, objective, step).loss)  # NLL before this update
+        return losses if self.rank == 0 else None
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def save(self, directory: str, step: int) -> str:
-        return self.trainer.save_checkpoint(directory, step)
+        return self._trainer().save_checkpoint(directory, step)
 
     def load(self, directory: str) -> dict[str, Any]:
-        return self.trainer.load_checkpoint(directory)
+        return self._trainer().load_checkpoint(directory)
 
     def save_hf(self, directory: str) -> str:
         """Collective: the current weights as an HF checkpoint (+ tokenizer) in `directory`."""
         from nemo_hacpo.models.hf_conversion import save_hf_checkpoint
 
-        save_hf_checkpoint([self.trainer.module], self.arch, self.tokenizer, directory)
+        trainer = self._trainer()
+        save_hf_checkpoint([trainer.module], self.arch, self.tokenizer, directory, parallel=trainer.model_parallel)
         return directory
-
-    def engine_stats(self) -> dict[str, float]:
-        return dict(self.engine.stats) if self.engine is not None else {}
 
     def shutdown(self) -> None:
         from nemo_hacpo.training import destroy_distributed
@@ -297,4 +358,3 @@ class AgentRank:
             self.trainer.close()
             self.trainer = None
         destroy_distributed()
-

@@ -6,10 +6,10 @@
 - :mod:`~nemo_hacpo.training.packed_attention` — THD input for Megatron's local spec (CPU), imported lazily.
 - :mod:`~nemo_hacpo.training.offload` — the reference model's weights in host memory between its forwards.
 - :mod:`~nemo_hacpo.training.objective` — one micro-batch's loss from token log-probs (`nemo_hacpo.algo`).
-- :mod:`~nemo_hacpo.training.metrics` — combining loss metrics over micro-batches, replicas and updates.
+- :mod:`~nemo_hacpo.training.loss_metrics` — combining loss metrics over micro-batches, replicas and updates.
 - :mod:`~nemo_hacpo.training.flops` — model FLOPs for TFLOP/s and MFU.
 - :mod:`~nemo_hacpo.training.trainer` — `MegatronTrainer`, one per rank.
-- :mod:`~nemo_hacpo.training.checkpoint` — Megatron distributed checkpoints (atomic, reshardable).
+- :mod:`~nemo_hacpo.training.trainer_checkpoint` — Megatron distributed checkpoints (atomic, reshardable).
 
 Megatron is imported lazily (inside functions), so importing this package is cheap.
 """

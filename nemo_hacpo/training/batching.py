@@ -1,7 +1,7 @@
 """Training rows → optimizer mini-batches → data-parallel shards → padded micro-batches (pure, no torch.distributed).
 
-A learner's rows (spec §6: self first, cross last, never shuffled) are cut into `M` consecutive mini-batches,
-one per optimizer update `u`. Each mini-batch is split into `dp` contiguous shards, one per data-parallel
+A learner's `TrainingRows` (algorithm.md §6: own rows first, cross rows last, never shuffled) are cut into `M`
+consecutive mini-batches, one per optimizer update `u`. Each mini-batch is split into `dp` contiguous shards, one per data-parallel
 replica, and each shard into micro-batches: at most `micro_batch_size` rows, or — with a token budget —
 as many consecutive rows as fit in `max_tokens` padded tokens (a dynamic micro-batch size).
 
@@ -20,10 +20,15 @@ The last token of a row is never an input whose prediction is needed and is drop
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+from nemo_hacpo.algo.rows import TrainingRows, validate_rows
+
+__all__ = ["PAD_ID", "MicroBatch", "TrainingRows", "micro_batches", "minibatch_ranges", "pad_micro_batch",
+           "padded_length", "scored_token_counts", "split_evenly", "training_micro_batch", "validate_rows"]
 
 if TYPE_CHECKING:
     from nemo_hacpo.training.packing import PackedSequence
@@ -32,79 +37,8 @@ PAD_ID = 0
 """Token id written into padding (any valid id works: padded positions are masked and causally invisible)."""
 
 
-@dataclass
-class TrainingRows:
-    """One learner's training rows for a step, in training order (self first, cross last).
-
-    Row-aligned: `token_ids`/`response_mask` (ragged lists, prompt + response; mask 1 on response tokens),
-    `advantages [N]`, `is_cross [N] bool`, `omega [N]`, `behaviour_mean_logprob [N]` (m_k,old for own rows,
-    the source's m_j,old for cross rows). Optional `old_token_logprobs` / `ref_token_logprobs` are `[N, T]`
-    in the shifted layout (`[:, t]` = log-prob of token t + 1, T ≥ longest row − 1); the trainer fills them
-    when the algorithm needs them (grpo, β > 0) and they are absent.
-    """
-
-    token_ids: list[list[int]]
-    response_mask: list[list[int]]
-    advantages: torch.Tensor
-    is_cross: torch.Tensor
-    omega: torch.Tensor
-    behaviour_mean_logprob: torch.Tensor
-    old_token_logprobs: torch.Tensor | None = None
-    ref_token_logprobs: torch.Tensor | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        num_rows = len(self.token_ids)
-        if len(self.response_mask) != num_rows:
-            raise ValueError(f"token_ids has {num_rows} rows but response_mask has {len(self.response_mask)}")
-        for name in ("advantages", "is_cross", "omega", "behaviour_mean_logprob"):
-            value = getattr(self, name)
-            if tuple(value.shape) != (num_rows,):
-                raise ValueError(f"{name} must have shape [N] = [{num_rows}], got {tuple(value.shape)}")
-        if self.is_cross.dtype != torch.bool:
-            raise ValueError(f"is_cross must be bool, got {self.is_cross.dtype}")
-        validate_rows(self.token_ids, self.response_mask)
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
-    @classmethod
-    def from_view(cls, view: Any) -> TrainingRows:
-        """From a broker `LearnerView` (or anything with the same row-aligned fields)."""
-        if isinstance(view, TrainingRows):
-            return view
-        return cls(
-            token_ids=[list(row) for row in view.token_ids],
-            response_mask=[list(row) for row in view.response_mask],
-            advantages=torch.as_tensor(view.advantages, dtype=torch.float32),
-            is_cross=torch.as_tensor(view.is_cross, dtype=torch.bool),
-            omega=torch.as_tensor(view.omega, dtype=torch.float32),
-            behaviour_mean_logprob=torch.as_tensor(view.behaviour_mean_logprob, dtype=torch.float32),
-            old_token_logprobs=getattr(view, "old_token_logprobs", None),
-            ref_token_logprobs=getattr(view, "ref_token_logprobs", None),
-        )
-
-    @property
-    def is_self(self) -> torch.Tensor:
-        """`[N]` bool: rows the learner sampled itself (the KL term's rows)."""
-        return ~self.is_cross
-
-
-def validate_rows(token_ids: Sequence[Sequence[int]], response_mask: Sequence[Sequence[int]]) -> None:
-    """Each row has ≥ 2 tokens, a 0/1 mask of its length, and an unscored first token (nothing predicts it)."""
-    for index, (tokens, mask) in enumerate(zip(token_ids, response_mask, strict=True)):
-        if len(tokens) != len(mask):
-            raise ValueError(f"row {index}: {len(tokens)} tokens but a response mask of {len(mask)}")
-        if len(tokens) < 2:
-            raise ValueError(f"row {index}: needs ≥ 2 tokens (a prompt token and a scored token), got {len(tokens)}")
-        if mask[0]:
-            raise ValueError(f"row {index}: the first token is marked as response, but no position predicts it")
-        if any(m not in (0, 1) for m in mask):
-            raise ValueError(f"row {index}: response_mask must hold 0/1 values")
-
-
 def scored_token_counts(response_mask: Sequence[Sequence[int]]) -> list[int]:
-    """Scored (response) tokens per row: `L_k(y)` of spec §4."""
+    """Scored (response) tokens per row: `L_k(y)` of algorithm.md §4."""
     return [int(sum(mask[1:])) for mask in response_mask]
 
 
@@ -127,7 +61,7 @@ def split_evenly(num_items: int, num_parts: int) -> list[range]:
 
 
 def minibatch_ranges(num_rows: int, num_updates: int, dp_size: int = 1) -> list[range]:
-    """The `M` consecutive optimizer mini-batches of a step (spec §6: one pass, in order).
+    """The `M` consecutive optimizer mini-batches of a step (algorithm.md §6: one pass, in order).
 
     Every mini-batch needs ≥ `dp_size` rows so that each data-parallel replica has a micro-batch.
     """
@@ -188,9 +122,10 @@ class MicroBatch:
     loss_mask: torch.Tensor  # [B, S] bool
     row_index: torch.Tensor  # [B] int64
     advantages: torch.Tensor | None = None  # [B]
-    is_cross: torch.Tensor | None = None  # [B] bool
+    cross_objective: torch.Tensor | None = None  # [B] bool
+    is_own: torch.Tensor | None = None  # [B] bool
     omega: torch.Tensor | None = None  # [B]
-    behaviour_mean_logprob: torch.Tensor | None = None  # [B]
+    old_mean_logprob: torch.Tensor | None = None  # [B]
     old_token_logprobs: torch.Tensor | None = None  # [B, S]
     ref_token_logprobs: torch.Tensor | None = None  # [B, S]
     packed: PackedSequence | None = None  # model inputs [1, T] when sequence packing is on
@@ -249,9 +184,10 @@ def training_micro_batch(rows: TrainingRows, indices: Sequence[int], pad_to_mult
     index = batch.row_index
     seq_len = batch.input_ids.shape[1]
     batch.advantages = rows.advantages[index].float()
-    batch.is_cross = rows.is_cross[index]
+    batch.cross_objective = rows.cross_objective[index]
+    batch.is_own = rows.is_own[index]
     batch.omega = rows.omega[index].float()
-    batch.behaviour_mean_logprob = rows.behaviour_mean_logprob[index].float()
+    batch.old_mean_logprob = rows.old_mean_logprob[index].float()
     for name in ("old_token_logprobs", "ref_token_logprobs"):
         full = getattr(rows, name)
         if full is not None:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nemo_hacpo.models.spec import ModelArch
+    from nemo_hacpo.models.architecture import ModelArch
 
 
 def matmul_params_per_layer(arch: ModelArch) -> int:

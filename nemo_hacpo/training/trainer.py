@@ -5,10 +5,10 @@ initialises Megatron's `parallel_state` for the agent's TP/PP/DP layout, builds 
 of the GPT, wraps it in Megatron DDP, and builds the Megatron optimizer and LR schedule. Per RL step the
 runtime calls, on **every rank of the agent, with the same arguments**:
 
-    m_old = trainer.compute_mean_logprobs(own_rows)       # [N] m_k,old of the agent's own samples (spec §4)
-    ...broker builds the learner view...
-    metrics = trainer.train_step(view, algo, step)        # M optimizer updates, metrics on every rank
-    trainer.save_checkpoint(dir, step)                    # when the driver decides (collective)
+    m_old = trainer.compute_mean_logprobs(ids, mask)        # [N] m_k,old of the agent's own samples (algorithm.md §4)
+    ...the broker builds the learner's TrainingRows...
+    metrics = trainer.train_step(rows, objective, step)     # M optimizer updates → TrainMetrics on every rank
+    trainer.save_checkpoint(dir, step)                      # when the driver decides (collective)
 
 Every rank receives the whole row list; each data-parallel replica takes its contiguous shard of every
 mini-batch, so global normalisers are known locally and no rows travel between ranks.
@@ -32,12 +32,12 @@ spec) and the token budget counts real tokens; log-probs are unpacked to the row
 
 Reference model (β > 0 only): a frozen copy of the initial weights; with `offload_reference` its weights
 stay in (pinned) host memory and are copied to the device only for its no-grad forward (`offload`).
-Not supported: context parallelism (rejected at construction).
+Megatron's global `parallel_state` is read once, at construction: afterwards the trainer passes its own
+ranks and groups explicitly. Not supported: context parallelism (rejected at construction).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import time
@@ -49,9 +49,9 @@ import torch
 import torch.distributed as dist
 
 from nemo_hacpo.algo import sequence_mean_logprob
+from nemo_hacpo.algo.rows import TrainingRows
 from nemo_hacpo.training.batching import (
     MicroBatch,
-    TrainingRows,
     micro_batches,
     minibatch_ranges,
     pad_micro_batch,
@@ -62,14 +62,14 @@ from nemo_hacpo.training.batching import (
     validate_rows,
 )
 from nemo_hacpo.training.flops import batch_flops
-from nemo_hacpo.training.metrics import REDUCTIONS, MetricAccumulator, reduce_metrics
-from nemo_hacpo.training.objective import micro_batch_loss, policy_normaliser
+from nemo_hacpo.training.loss_metrics import REDUCTIONS, MetricAccumulator, TrainMetrics, reduce_metrics
+from nemo_hacpo.training.objective import Objective, micro_batch_loss
 from nemo_hacpo.training.offload import HostOffload
 from nemo_hacpo.training.packing import pack_rows, unpack_token_values
 
 if TYPE_CHECKING:
-    from nemo_hacpo.config import AgentConfig, AlgoConfig
-    from nemo_hacpo.models.spec import ModelArch
+    from nemo_hacpo.config import AgentConfig
+    from nemo_hacpo.models.architecture import ModelArch
 
 
 def _finalize_grads_summed(model, num_tokens=None, **kwargs: Any) -> None:
@@ -80,16 +80,15 @@ def _finalize_grads_summed(model, num_tokens=None, **kwargs: Any) -> None:
     finalize_model_grads(model, None, **kwargs)
 
 
-def mask_padded_vocab(vocab_parallel_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def mask_padded_vocab(vocab_parallel_logits: torch.Tensor, vocab_size: int, tp_rank: int,
+                      tp_size: int) -> torch.Tensor:
     """Set the logits of Megatron's padding rows (global vocab index ≥ `vocab_size`) to the most negative
-    float, on this TP rank's slice `[..., V/tp]`; a no-op (same tensor) when the slice has no padding."""
-    from megatron.core import parallel_state
+    float, on TP rank `tp_rank`'s slice `[..., V/tp]` of `tp_size`; a no-op (same tensor) when the slice has no
+    padding."""
     from megatron.core.tensor_parallel.utils import VocabUtility
 
     partition = vocab_parallel_logits.shape[-1]
-    start, end = VocabUtility.vocab_range_from_per_partition_vocab_size(
-        partition, parallel_state.get_tensor_model_parallel_rank(),
-        parallel_state.get_tensor_model_parallel_world_size())
+    start, end = VocabUtility.vocab_range_from_per_partition_vocab_size(partition, tp_rank, tp_size)
     if end <= vocab_size:
         return vocab_parallel_logits
     is_padding = torch.arange(start, end, device=vocab_parallel_logits.device) >= vocab_size  # [V/tp]
@@ -101,7 +100,7 @@ class MegatronTrainer:
 
     Args:
         agent: the agent's config (parallel layout, optimizer, precision).
-        arch: its architecture (`nemo_hacpo.models.spec.model_arch`).
+        arch: its architecture (`nemo_hacpo.models.architecture.model_arch`).
         seed: initialisation seed (weights are normally loaded afterwards).
         total_updates: optimizer updates of the whole run (steps · M), the LR decay horizon.
         reference_model: keep a frozen copy of the initial weights for the KL term (needed iff β > 0).
@@ -125,7 +124,8 @@ class MegatronTrainer:
                  sequence_packing: bool | None = None, offload_reference: bool | None = None):
         from megatron.core import parallel_state
 
-        from nemo_hacpo.models.spec import transformer_config
+        from nemo_hacpo.models.architecture import transformer_config
+        from nemo_hacpo.models.hf_conversion import ModelParallel
         from nemo_hacpo.training.distributed import seed_all
 
         parallel = agent.parallel
@@ -168,6 +168,8 @@ class MegatronTrainer:
         self.logit_temperature = float(logit_temperature)
         self.use_te = use_te if use_te is not None else (on_gpu and _transformer_engine_available())
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
+        self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
+        self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
@@ -175,6 +177,8 @@ class MegatronTrainer:
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.model_parallel = ModelParallel.from_megatron()  # this rank's TP/PP place, for HF import/export
         self.pp_last_rank = parallel_state.get_pipeline_model_parallel_last_rank()
 
         self.config = transformer_config(
@@ -202,7 +206,7 @@ class MegatronTrainer:
 
     # ------------------------------------------------------------------------------------------ building
     def _build_module(self):
-        from nemo_hacpo.models.spec import build_gpt_model
+        from nemo_hacpo.models.architecture import build_gpt_model
 
         core_attention = None
         if self.sequence_packing and not self.use_te:  # the local spec's attention refuses THD input
@@ -273,7 +277,7 @@ class MegatronTrainer:
         logits = output.float()
         if self.logit_temperature != 1.0:
             logits = logits / self.logit_temperature
-        logits = mask_padded_vocab(logits, self.arch.vocab_size)
+        logits = mask_padded_vocab(logits, self.arch.vocab_size, self.tp_rank, self.tp_size)
         return -tensor_parallel.vocab_parallel_cross_entropy(logits, labels)
 
     def _row_token_logprobs(self, batch: MicroBatch, output: torch.Tensor) -> torch.Tensor:
@@ -365,15 +369,16 @@ class MegatronTrainer:
         return self._share_from_last_stage(values).cpu()
 
     # ------------------------------------------------------------------------------------------ public API
-    def compute_mean_logprobs(self, rows: Any) -> torch.Tensor:
+    def compute_mean_logprobs(self, token_ids: Sequence[Sequence[int]],
+                              response_mask: Sequence[Sequence[int]]) -> torch.Tensor:
         """`[N]` m(y) = mean log-prob of the response tokens of each row under the current weights (no grad).
 
-        `rows` has `token_ids` and `response_mask` (a `LearnerView`, `TrainingRows` or the agent's own
-        rollouts); called before any update of the step this is m_k,old of spec §4. Returned on every rank.
+        Called before any update of the step this is m_k,old of algorithm.md §4. Returned on every rank.
         """
-        return self._forward_logprobs(self.model, rows.token_ids, rows.response_mask, per_token=False)
+        return self._forward_logprobs(self.model, token_ids, response_mask, per_token=False)
 
-    def compute_token_logprobs(self, rows: Any, *, reference: bool = False) -> torch.Tensor:
+    def compute_token_logprobs(self, token_ids: Sequence[Sequence[int]], response_mask: Sequence[Sequence[int]], *,
+                               reference: bool = False) -> torch.Tensor:
         """`[N, T]` per-token log-probs (shifted layout: `[n, t]` scores token t + 1; 0 off the response),
         from the policy or (reference=True) the reference model. Returned on every rank."""
         if reference and self.reference is None:
@@ -381,46 +386,39 @@ class MegatronTrainer:
         model = self.reference if reference else self.model
         on_device = self.reference_offload.on_device() if reference and self.reference_offload else nullcontext()
         with on_device:  # an offloaded reference visits the device for this forward only
-            return self._forward_logprobs(model, rows.token_ids, rows.response_mask, per_token=True)
+            return self._forward_logprobs(model, token_ids, response_mask, per_token=True)
 
-    def train_step(self, view: Any, algo: AlgoConfig, step: int) -> dict[str, float]:
-        """`M = algo.updates_per_step` optimizer updates over the rows, in order (spec §6).
+    def train_step(self, rows: TrainingRows, objective: Objective, step: int) -> TrainMetrics:
+        """`M = objective.updates_per_step` optimizer updates over the rows, in order (algorithm.md §6).
 
-        `view`: a broker `LearnerView` or `TrainingRows` (self rows first, cross rows last). Rows are cut
-        into M consecutive mini-batches; update u uses the stepwise cross clip bound lo_u. For grpo the old
-        token log-probs (and with β > 0 the reference token log-probs) are computed first, at the weights
-        the step starts from (the sampling weights), unless the rows carry them.
+        Rows are cut into M consecutive mini-batches; update u uses the stepwise cross clip bound lo_u. When the
+        loss needs old token log-probs (token level) and the rows do not carry them, they are computed first, at
+        the weights the step starts from (the sampling weights); with β > 0 the reference token log-probs too.
 
-        Returns the same metrics on every rank: the loss parts (`loss`, `policy_loss`, `kl_loss`: mean over
-        updates of the mini-batch loss), every metric of the policy loss combined over the step's rows
-        (`training.metrics`), `loss_u{u}` per update, `grad_norm` (mean over updates; before clipping) and
-        `grad_norm_max`, `lr` (of the last update), `step_time_s`, `tokens_per_s` (all tokens of the rows,
-        prompt included, per second of the whole step) and `tflops_per_gpu` (model FLOPs of the updates and
-        of the step's own no-grad passes, `training.flops`, per second and per rank).
+        Returns the same `TrainMetrics` on every rank (see its fields).
         """
         start = time.perf_counter()
-        rows = dataclasses.replace(TrainingRows.from_view(view))  # a copy: the caller's rows stay untouched
-        if algo.kl_coef > 0 and self.reference is None and rows.ref_token_logprobs is None:
-            raise ValueError("algo.kl_coef > 0 needs a reference model: build the trainer with reference_model=True")
+        if objective.kl_coef > 0 and self.reference is None and rows.ref_token_logprobs is None:
+            raise ValueError("kl_coef > 0 needs a reference model: build the trainer with reference_model=True")
         lengths = [len(row) - 1 for row in rows.token_ids]
         forward_passes = 0
-        if algo.name == "grpo" and rows.old_token_logprobs is None:
-            rows.old_token_logprobs = self.compute_token_logprobs(rows)
+        if objective.needs_old_token_logprobs and rows.old_token_logprobs is None:
+            rows = rows.replace(old_token_logprobs=self.compute_token_logprobs(rows.token_ids, rows.response_mask))
             forward_passes += 1
-        if algo.kl_coef > 0 and rows.ref_token_logprobs is None:
-            rows.ref_token_logprobs = self.compute_token_logprobs(rows, reference=True)
+        if objective.kl_coef > 0 and rows.ref_token_logprobs is None:
+            rows = rows.replace(ref_token_logprobs=self.compute_token_logprobs(
+                rows.token_ids, rows.response_mask, reference=True))
             forward_passes += 1
 
         scored = scored_token_counts(rows.response_mask)
-        keys = [k for k in REDUCTIONS if algo.kl_coef > 0 or k not in ("kl_loss", "kl_mean")]
-        step_metrics = MetricAccumulator(keys, token_level=algo.name == "grpo", device=self.device)
-        extra: dict[str, float] = {}
-        grad_norms = []
-        for update_index, minibatch in enumerate(minibatch_ranges(len(rows), algo.updates_per_step, self.dp_size)):
+        keys = [k for k in REDUCTIONS if objective.kl_coef > 0 or k not in ("kl_loss", "kl_mean", "num_own")]
+        step_metrics = MetricAccumulator(keys, token_level=objective.token_level, device=self.device)
+        losses, grad_norms, lr, own_ratio_u0 = [], [], math.nan, math.nan
+        for update_index, minibatch in enumerate(minibatch_ranges(len(rows), objective.updates_per_step,
+                                                                  self.dp_size)):
             num_sequences = len(minibatch)
-            num_tokens = sum(scored[i] for i in minibatch)
-            normaliser = policy_normaliser(algo, num_sequences, num_tokens)
-            update_metrics = MetricAccumulator(keys, token_level=algo.name == "grpo", device=self.device)
+            normaliser = objective.normaliser(num_sequences, sum(scored[i] for i in minibatch))
+            update_metrics = MetricAccumulator(keys, token_level=objective.token_level, device=self.device)
             row_multiple = 1 if self.sequence_packing else self.pad_to_multiple
             batches = [self._micro_batch(training_micro_batch(rows, indices, row_multiple), rows.token_ids)
                        for indices in self._shard_micro_batches(minibatch, lengths)]
@@ -428,7 +426,8 @@ class MegatronTrainer:
             def loss_func(batch: MicroBatch, output: torch.Tensor, u=update_index, d=normaliser, n=num_sequences,
                           acc=update_metrics):
                 token_logprobs = self._row_token_logprobs(batch, output)  # [B, S]
-                loss, metrics = micro_batch_loss(token_logprobs, batch, algo, u, normaliser=d, num_sequences=float(n))
+                loss, metrics = micro_batch_loss(token_logprobs, batch, objective, u, normaliser=d,
+                                                 num_sequences=float(n))
                 acc.add(metrics)
                 step_metrics.add(metrics)
                 return loss, torch.tensor(batch.num_rows, dtype=torch.int, device=self.device), {}
@@ -444,9 +443,11 @@ class MegatronTrainer:
             self.updates_done += 1
             step_metrics.end_update()
             reduce_metrics(update_metrics, self.dp_group, self.pp_group, self.pp_last_rank)
-            extra[f"loss_u{update_index}"] = update_metrics.result().get("loss", math.nan)
+            update_result = update_metrics.result()
+            losses.append(update_result.get("loss", math.nan))
+            if update_index == 0:
+                own_ratio_u0 = update_result.get("ratio_mean" if objective.token_level else "self_ratio_mean", math.nan)
             grad_norms.append(float(grad_norm) if grad_norm is not None else math.nan)
-            extra["lr"] = lr
 
         reduce_metrics(step_metrics, self.dp_group, self.pp_group, self.pp_last_rank)
         elapsed = time.perf_counter() - start
@@ -454,23 +455,24 @@ class MegatronTrainer:
         flops = batch_flops(self.arch, seq_lens, backward=True) + forward_passes * batch_flops(
             self.arch, seq_lens, backward=False)
         self.last_step = step
-        return {
-            **step_metrics.result(), **extra,
-            "grad_norm": sum(grad_norms) / len(grad_norms), "grad_norm_max": max(grad_norms),
-            "step_time_s": elapsed, "tokens_per_s": sum(seq_lens) / elapsed,
-            "tflops_per_gpu": flops / elapsed / dist.get_world_size() / 1e12,
-        }
+        objective_metrics = step_metrics.result()
+        return TrainMetrics(
+            loss=objective_metrics.get("loss", math.nan), loss_per_update=tuple(losses),
+            grad_norm=sum(grad_norms) / len(grad_norms), grad_norm_max=max(grad_norms), lr=lr,
+            step_time_s=elapsed, tokens_per_s=sum(seq_lens) / elapsed,
+            tflops_per_gpu=flops / elapsed / dist.get_world_size() / 1e12, own_ratio_u0=own_ratio_u0,
+            objective=objective_metrics)
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, directory: str, step: int | None = None) -> str:
-        """Collective: model + optimizer + scheduler + RNG to `directory` (atomic). See `checkpoint.py`."""
-        from nemo_hacpo.training.checkpoint import save_checkpoint
+        """Collective: model + optimizer + scheduler + RNG to `directory` (atomic). See `trainer_checkpoint.py`."""
+        from nemo_hacpo.training.trainer_checkpoint import save_checkpoint
 
         return save_checkpoint(self, directory, step=step)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Collective: restore what `save_checkpoint` wrote (any TP/PP/DP layout); returns its metadata."""
-        from nemo_hacpo.training.checkpoint import load_checkpoint
+        from nemo_hacpo.training.trainer_checkpoint import load_checkpoint
 
         return load_checkpoint(self, directory)
 

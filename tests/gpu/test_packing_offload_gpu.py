@@ -25,7 +25,6 @@ bytes more device memory (allocated bytes after construction, each trainer measu
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 from collections.abc import Iterator
 
@@ -41,6 +40,7 @@ from nemo_hacpo.config import (
     PrecisionConfig,
     TinyModelSpec,
 )
+from nemo_hacpo.training.objective import Objective
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
@@ -75,7 +75,7 @@ def cuda_world() -> Iterator[None]:
 
 
 def _rows():
-    from nemo_hacpo.training import TrainingRows
+    from nemo_hacpo.algo.rows import TrainingRows
 
     generator = torch.Generator().manual_seed(0)
     token_ids, response_mask = [], []
@@ -83,14 +83,13 @@ def _rows():
         length = int(torch.randint(200, 500, (1,), generator=generator))
         token_ids.append(torch.randint(1, VOCAB_SIZE, (length,), generator=generator).tolist())
         response_mask.append([0] * 64 + [1] * (length - 64))
-    return TrainingRows(token_ids=token_ids, response_mask=response_mask,
-                        advantages=torch.randn(NUM_ROWS, generator=generator),
-                        is_cross=torch.zeros(NUM_ROWS, dtype=torch.bool), omega=torch.ones(NUM_ROWS),
-                        behaviour_mean_logprob=torch.zeros(NUM_ROWS))
+    rows = TrainingRows.supervised(token_ids, response_mask)  # own rows only (GSPO)
+    return rows.replace(advantages=torch.randn(NUM_ROWS, generator=generator),
+                        old_mean_logprob=torch.zeros(NUM_ROWS))
 
 
 def _trainer(**kwargs):
-    from nemo_hacpo.models.spec import model_arch
+    from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.training import MegatronTrainer
 
     agent = _agent()
@@ -117,9 +116,9 @@ def _packing_run(packing: bool, initial_weights: dict | None) -> dict:
             assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
             trainer.optimizer.reload_model_params()
         rows = _rows()
-        tokens = trainer.compute_token_logprobs(rows)
-        mean = trainer.compute_mean_logprobs(rows)
-        metrics = trainer.train_step(dataclasses.replace(rows, behaviour_mean_logprob=mean), ALGO, step=0)
+        tokens = trainer.compute_token_logprobs(rows.token_ids, rows.response_mask)
+        mean = trainer.compute_mean_logprobs(rows.token_ids, rows.response_mask)
+        metrics = trainer.train_step(rows.replace(old_mean_logprob=mean), Objective.of(ALGO), step=0).flat()
         return {"weights": initial_weights, "tokens": tokens, "mean": mean, "metrics": metrics}
     finally:
         _release(trainer)
@@ -150,7 +149,7 @@ def test_offloaded_reference_lives_in_pinned_host_memory(cuda_world: None) -> No
         kept_bytes = torch.cuda.memory_allocated() - start  # what the trainer holds on the device
         reference_bytes = sum(p.numel() * p.element_size() for p in kept.reference.parameters())
         assert all(p.is_cuda for p in kept.reference.parameters())
-        kept_logprobs = kept.compute_token_logprobs(rows, reference=True)
+        kept_logprobs = kept.compute_token_logprobs(rows.token_ids, rows.response_mask, reference=True)
     finally:
         _release(kept)
 
@@ -167,7 +166,7 @@ def test_offloaded_reference_lives_in_pinned_host_memory(cuda_world: None) -> No
         inside: list[bool] = []
         hook = trainer.reference.register_forward_pre_hook(
             lambda module, args: inside.append(all(p.is_cuda for p in module.parameters())))
-        logprobs = trainer.compute_token_logprobs(rows, reference=True)
+        logprobs = trainer.compute_token_logprobs(rows.token_ids, rows.response_mask, reference=True)
         hook.remove()
         assert inside and all(inside)
         assert all(p.device.type == "cpu" for p in trainer.reference.parameters()) and offload.device_bytes() == 0

@@ -15,7 +15,6 @@ FP8 trainer, so all precisions score the same rows with the same weights. Stated
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -30,6 +29,7 @@ from nemo_hacpo.config import (
     PrecisionConfig,
     TinyModelSpec,
 )
+from nemo_hacpo.training.objective import Objective
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]
 
@@ -88,7 +88,7 @@ def cuda_world() -> Iterator[None]:
 
 
 def _rows(behaviour: torch.Tensor | None = None):
-    from nemo_hacpo.training import TrainingRows
+    from nemo_hacpo.algo.rows import TrainingRows
 
     generator = torch.Generator().manual_seed(0)
     token_ids, response_mask = [], []
@@ -96,10 +96,9 @@ def _rows(behaviour: torch.Tensor | None = None):
         length = int(torch.randint(200, 500, (1,), generator=generator))
         token_ids.append(torch.randint(1, VOCAB_SIZE, (length,), generator=generator).tolist())
         response_mask.append([0] * 64 + [1] * (length - 64))
-    return TrainingRows(token_ids=token_ids, response_mask=response_mask,
-                        advantages=torch.randn(NUM_ROWS, generator=generator),
-                        is_cross=torch.zeros(NUM_ROWS, dtype=torch.bool), omega=torch.ones(NUM_ROWS),
-                        behaviour_mean_logprob=behaviour if behaviour is not None else torch.zeros(NUM_ROWS))
+    rows = TrainingRows.supervised(token_ids, response_mask)  # own rows only (GSPO)
+    return rows.replace(advantages=torch.randn(NUM_ROWS, generator=generator),
+                        old_mean_logprob=behaviour if behaviour is not None else torch.zeros(NUM_ROWS))
 
 
 # GSPO on self rows with a clip range wide enough to keep every row's gradient: the loss is −mean(s·A).
@@ -107,7 +106,7 @@ ALGO = AlgoConfig(name="gspo", updates_per_step=1, eps_low=0.5, eps_high=0.5, kl
 
 
 def _run(label: str, initial_weights: dict | None, behaviour: torch.Tensor | None) -> dict:
-    from nemo_hacpo.models.spec import model_arch
+    from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.training import MegatronTrainer
 
     agent = _agent(PRECISIONS[label])
@@ -122,10 +121,10 @@ def _run(label: str, initial_weights: dict | None, behaviour: torch.Tensor | Non
             assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
             trainer.optimizer.reload_model_params()  # the optimizer's FP32 main copy follows the new weights
         rows = _rows()
-        mean_logprob = trainer.compute_mean_logprobs(rows)
-        rows = dataclasses.replace(rows, behaviour_mean_logprob=behaviour if behaviour is not None else mean_logprob)
-        first = trainer.train_step(rows, ALGO, step=0)
-        second = trainer.train_step(rows, ALGO, step=1)
+        mean_logprob = trainer.compute_mean_logprobs(rows.token_ids, rows.response_mask)
+        rows = rows.replace(old_mean_logprob=behaviour if behaviour is not None else mean_logprob)
+        first = trainer.train_step(rows, Objective.of(ALGO), step=0).flat()
+        second = trainer.train_step(rows, Objective.of(ALGO), step=1).flat()
         return {"weights": initial_weights, "mean_logprob": mean_logprob, "first": first, "second": second}
     finally:
         trainer.close()

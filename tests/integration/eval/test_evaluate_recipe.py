@@ -2,7 +2,7 @@
 
 The "finished run" is built here: `<run>/config.yaml` (pair_tiny's Llama-like agent, shrunk) and
 `<run>/hf/llama_tiny/`, a tiny HF Llama whose next-token distribution is context-free (see
-`tiny_hf_models.make_tokens_likely`): token "7" has logit 10, every other token 0. So greedy decoding writes
+`tests/helpers/hf_models.make_tokens_likely`): token "7" has logit 10, every other token 0. So greedy decoding writes
 "7" × 16 (cut at max_response_length = 16), and a sample is "7" × 16 with probability
 p¹⁶, p = e¹⁰ / (e¹⁰ + 750) ≈ 0.967. Graded leniently, "7777777777777777" is correct for the local file's gold
 and wrong for every generated arithmetic problem. One engine start; ≈ 40 s on the idle 2-core machine.
@@ -21,14 +21,11 @@ import pytest
 from nemo_hacpo.config import dump_config, load_config
 from nemo_hacpo.models.tokenizers import load_tokenizer
 from nemo_hacpo.rewards import score_math
+from tests.helpers import hf_models as tiny
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[3]
-_tiny_spec = importlib.util.spec_from_file_location(
-    "tiny_hf_models", ROOT / "tests" / "integration" / "rollout" / "tiny_hf_models.py")
-tiny = importlib.util.module_from_spec(_tiny_spec)
-_tiny_spec.loader.exec_module(tiny)
 _recipe_spec = importlib.util.spec_from_file_location("evaluate_recipe", ROOT / "recipes" / "evaluate.py")
 recipe = importlib.util.module_from_spec(_recipe_spec)
 _recipe_spec.loader.exec_module(recipe)

@@ -69,7 +69,7 @@ def _megatron_model(arch, tp: int = 1, pp: int = 1):
     from megatron.core import parallel_state
 
     from nemo_hacpo.config import ParallelConfig, PrecisionConfig
-    from nemo_hacpo.models.spec import build_gpt_model, transformer_config
+    from nemo_hacpo.models.architecture import build_gpt_model, transformer_config
 
     config = transformer_config(arch, ParallelConfig(tp=tp, pp=pp), PrecisionConfig())
     return build_gpt_model(arch, config, pre_process=parallel_state.is_pipeline_first_stage(),
@@ -96,10 +96,10 @@ def _megatron_logits(model, input_ids: torch.Tensor) -> torch.Tensor | None:
     return tensor_parallel.gather_from_tensor_model_parallel_region(output)
 
 
-def _exported(model, arch) -> dict[str, torch.Tensor]:
-    from nemo_hacpo.models.hf_conversion import export_hf_weights
+def _exported(model, arch, parallel=None) -> dict[str, torch.Tensor]:
+    from nemo_hacpo.models.hf_conversion import SINGLE_RANK, export_hf_weights
 
-    return {name: tensor.clone() for name, tensor in export_hf_weights(model, arch)}
+    return {name: tensor.clone() for name, tensor in export_hf_weights(model, arch, parallel=parallel or SINGLE_RANK)}
 
 
 def _assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -133,8 +133,8 @@ def _reload_and_compare(directory: Path, reference: dict[str, Any]) -> None:
 @pytest.mark.parametrize("family", FAMILIES)
 def test_tp1_import_logits_export_and_save(family: str, hf_checkpoints, hf_references, megatron_world_size_1,
                                            tmp_path: Path) -> None:
+    from nemo_hacpo.models.architecture import arch_from_hf
     from nemo_hacpo.models.hf_conversion import load_hf_into_megatron, save_hf_checkpoint
-    from nemo_hacpo.models.spec import arch_from_hf
 
     arch = arch_from_hf(hf_checkpoints[family])
     reference = hf_references[family]
@@ -153,8 +153,8 @@ def test_import_from_a_state_dict_equals_import_from_the_directory(hf_checkpoint
     """A transformers `state_dict()` (tied: it repeats the embedding as lm_head.weight) loads the same."""
     import transformers
 
+    from nemo_hacpo.models.architecture import arch_from_hf
     from nemo_hacpo.models.hf_conversion import load_hf_into_megatron
-    from nemo_hacpo.models.spec import arch_from_hf
 
     arch = arch_from_hf(hf_checkpoints["qwen2"])
     from_directory, from_state_dict = _megatron_model(arch), _megatron_model(arch)
@@ -168,8 +168,8 @@ def test_import_from_a_state_dict_equals_import_from_the_directory(hf_checkpoint
 
 
 def test_import_rejects_a_checkpoint_that_does_not_fit(hf_checkpoints, megatron_world_size_1) -> None:
+    from nemo_hacpo.models.architecture import arch_from_hf
     from nemo_hacpo.models.hf_conversion import LazySafetensors, load_hf_into_megatron
-    from nemo_hacpo.models.spec import arch_from_hf
 
     arch = arch_from_hf(hf_checkpoints["llama"])
     model = _megatron_model(arch)
@@ -190,8 +190,8 @@ def test_save_a_tiny_agent_with_its_tokenizer(megatron_world_size_1, tmp_path: P
     import transformers
 
     from nemo_hacpo.config import load_config
+    from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.models.hf_conversion import save_hf_checkpoint
-    from nemo_hacpo.models.spec import model_arch
     from nemo_hacpo.models.tokenizers import load_tokenizer
 
     for agent in load_config("pair_tiny").agents:
@@ -222,8 +222,8 @@ def _tp2_pp2_worker(checkpoints: dict[str, Path], references: dict[str, dict[str
                     ) -> dict[str, Any]:
     """One rank of the 2-process run: every family at TP = 2, then PP2_FAMILIES at PP = 2, plus one
     `save_hf_checkpoint` in each layout. Returns this rank's max logit errors and export mismatches."""
-    from nemo_hacpo.models.hf_conversion import load_hf_into_megatron, save_hf_checkpoint
-    from nemo_hacpo.models.spec import arch_from_hf
+    from nemo_hacpo.models.architecture import arch_from_hf
+    from nemo_hacpo.models.hf_conversion import ModelParallel, load_hf_into_megatron, save_hf_checkpoint
 
     result: dict[str, Any] = {"logit_error": {}, "export_mismatch": {}}
     for layout, families in (("tp2", FAMILIES), ("pp2", PP2_FAMILIES)):
@@ -232,18 +232,19 @@ def _tp2_pp2_worker(checkpoints: dict[str, Path], references: dict[str, dict[str
             for family in families:
                 arch = arch_from_hf(checkpoints[family])
                 model = _megatron_model(arch, tp=tp, pp=pp)
-                load_hf_into_megatron(model, arch, checkpoints[family])
+                parallel = ModelParallel.from_megatron()
+                load_hf_into_megatron(model, arch, checkpoints[family], parallel=parallel)
                 logits = _megatron_logits(model, references[family]["input_ids"])
                 if logits is not None:
                     result["logit_error"][f"{layout}/{family}"] = _assert_logits_match(
                         logits, references[family]["logits"])
-                exported = _exported(model, arch)
+                exported = _exported(model, arch, parallel)
                 expected = references[family]["weights"]
                 result["export_mismatch"][f"{layout}/{family}"] = sorted(
                     set(exported) ^ set(expected)) + [n for n in expected if n in exported and not torch.equal(
                         exported[n], expected[n])]
                 if family == ("llama" if layout == "tp2" else "gpt2"):
-                    save_hf_checkpoint(model, arch, None, out_dir / f"{layout}_{family}")
+                    save_hf_checkpoint(model, arch, None, out_dir / f"{layout}_{family}", parallel=parallel)
     return result
 
 

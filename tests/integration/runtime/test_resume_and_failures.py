@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from nemo_hacpo.config import load_config
-from nemo_hacpo.runtime.checkpoint import latest_checkpoint
+from nemo_hacpo.runtime.run_checkpoint import latest_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]

@@ -16,8 +16,8 @@ import torch
 from nemo_hacpo.broker import read_jsonl
 from nemo_hacpo.config import load_config
 from nemo_hacpo.data import PromptDataset
-from nemo_hacpo.runtime.checkpoint import latest_checkpoint
-from nemo_hacpo.runtime.datasets import load_split
+from nemo_hacpo.data.splits import load_split
+from nemo_hacpo.runtime.run_checkpoint import latest_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]

@@ -26,11 +26,12 @@ def sft_losses(chunks: list[int], run_dir: str, port: int) -> tuple[list[float],
     problems = generate_problems("train", 24, seed=0)
     prompts = [problem_to_messages(p) for p in problems]
     solutions = [p.solution for p in problems]
-    rank = AgentRank(cfg.agents[1], cfg.algo, 0, seed=5, run_dir=run_dir, total_updates=sum(chunks))
+    rank = AgentRank(cfg.agents[1], 0, seed=5, run_dir=run_dir, total_updates=sum(chunks), keep_reference=False)
     rank.setup("127.0.0.1", port, start_engine=False)
     assert rank.sft(prompts, solutions, 0, 4, 11, 0) == []  # encodes only
-    batch0 = [rank._sft_encoded[i] for i in random.Random(11).sample(range(len(problems)), 4)]  # step 0's batch
-    nll_before = -float(rank.mean_logprobs([ids for ids, _ in batch0], [mask for _, mask in batch0]).mean())
+    batch0 = [rank._sft_rows[i] for i in random.Random(11).sample(range(len(problems)), 4)]  # step 0's batch
+    means = rank.trainer.compute_mean_logprobs([ids for ids, _ in batch0], [mask for _, mask in batch0])
+    nll_before = -float(means.mean())
     losses: list[float] = []
     for i, n in enumerate(chunks):
         first = sum(chunks[:i])

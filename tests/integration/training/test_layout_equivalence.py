@@ -25,9 +25,12 @@ from tests.integration.training.tiny_setup import (
     gradients,
     load_full_state,
     local_parameters,
+    mean_logprobs,
+    plain_rows,
     tiny_agent,
     tiny_arch,
     token_rows,
+    train,
     training_rows,
 )
 
@@ -68,7 +71,7 @@ def _run_objectives(agent, rows, w0, w1, max_tokens: int | None = None, pad_to_m
         load_full_state(trainer, w0, module=trainer.reference)
         load_full_state(trainer, w0 if objective == "hacpo" else w1)
         before = local_parameters(trainer)
-        metrics = trainer.train_step(rows, _algo("hacpo" if objective == "hacpo" else "grpo"), step=0)
+        metrics = train(trainer, rows, _algo("hacpo" if objective == "hacpo" else "grpo"), step=0)
         out[objective] = {"metrics": comparable_metrics(metrics), "before": before,
                           "after": local_parameters(trainer)}
         trainer.close()
@@ -77,7 +80,7 @@ def _run_objectives(agent, rows, w0, w1, max_tokens: int | None = None, pad_to_m
 
 def reference_rank() -> dict:
     """World of 1, TP = 1: weights, rows and the four micro-batching variants."""
-    from nemo_hacpo.training import MegatronTrainer, TrainingRows
+    from nemo_hacpo.training import MegatronTrainer
 
     agent = tiny_agent()
     trainer = MegatronTrainer(agent, tiny_arch(agent), seed=1234)
@@ -87,10 +90,8 @@ def reference_rank() -> dict:
     w1 = {name: value + 0.02 * torch.randn(value.shape, generator=generator) if isinstance(value, torch.Tensor)
           else value for name, value in w0.items()}
     token_ids, response_mask = token_rows()
-    rows_only = TrainingRows(token_ids=token_ids, response_mask=response_mask, advantages=torch.zeros(len(token_ids)),
-                             is_cross=torch.zeros(len(token_ids), dtype=torch.bool), omega=torch.ones(len(token_ids)),
-                             behaviour_mean_logprob=torch.zeros(len(token_ids)))
-    rows = training_rows(trainer.compute_mean_logprobs(rows_only))
+    rows_only = plain_rows(token_ids, response_mask)
+    rows = training_rows(mean_logprobs(trainer, rows_only))
     trainer.close()
     runs = {label: _run_objectives(tiny_agent(micro_batch_size=size), rows, w0, w1, max_tokens, multiple, packing)
             for label, (size, max_tokens, multiple, packing) in TP1_VARIANTS.items()}
@@ -100,17 +101,15 @@ def reference_rank() -> dict:
 def layout_rank(w0: dict, w1: dict, rows) -> dict:
     """World of 2: the TP = 2, PP = 2 and DP = 2 layouts one after another; then DP = 2 scoring a single
     row (one replica has nothing to score but still joins the reduction)."""
-    from nemo_hacpo.training import MegatronTrainer, TrainingRows
+    from nemo_hacpo.training import MegatronTrainer
 
     runs = {label: _run_objectives(tiny_agent(tp=tp, pp=pp, dp=dp), rows, w0, w1, packing=packing)
             for label, (tp, pp, dp, packing) in LAYOUTS.items()}
     agent = tiny_agent(dp=2)
     trainer = MegatronTrainer(agent, tiny_arch(agent), seed=99)
     load_full_state(trainer, w0)
-    one_row = TrainingRows(token_ids=rows.token_ids[:1], response_mask=rows.response_mask[:1],
-                           advantages=torch.zeros(1), is_cross=torch.zeros(1, dtype=torch.bool),
-                           omega=torch.ones(1), behaviour_mean_logprob=torch.zeros(1))
-    runs["dp2_one_row"] = trainer.compute_mean_logprobs(one_row)
+    one_row = plain_rows(rows.token_ids[:1], rows.response_mask[:1])
+    runs["dp2_one_row"] = mean_logprobs(trainer, one_row)
     trainer.close()
     return runs
 
@@ -132,7 +131,7 @@ def test_loss_and_gradients_agree_across_layouts_and_micro_batch_sizes() -> None
     layout_ranks = run_distributed(layout_rank, 2, reference["w0"], reference["w1"], reference["rows"])
 
     for rank_runs in layout_ranks:  # self row 0's behaviour log-prob is the TP = 1 m_old of that row
-        assert rank_runs["dp2_one_row"].tolist() == pytest.approx([float(reference["rows"].behaviour_mean_logprob[0])],
+        assert rank_runs["dp2_one_row"].tolist() == pytest.approx([float(reference["rows"].old_mean_logprob[0])],
                                                                   abs=1e-6)
     runs = {label: [run] for label, run in reference["runs"].items()}
     runs |= {label: [rank_runs[label] for rank_runs in layout_ranks] for label in LAYOUTS}

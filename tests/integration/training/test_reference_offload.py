@@ -20,9 +20,13 @@ from nemo_hacpo.config import AlgoConfig, OptimizerConfig
 from tests.helpers.megatron_setup import gloo_world_of_one
 from tests.integration.training.tiny_setup import (
     TIMING_METRICS,
+    as_own_rows,
+    mean_logprobs,
+    plain_rows,
     tiny_agent,
     tiny_arch,
     token_rows,
+    train,
     training_rows,
 )
 
@@ -50,13 +54,7 @@ def _trainer(offload: bool, reference_model: bool = True):
 
 
 def _rows():
-    from nemo_hacpo.training import TrainingRows
-
-    token_ids, response_mask = token_rows()
-    n = len(token_ids)
-    return TrainingRows(token_ids=token_ids, response_mask=response_mask, advantages=torch.zeros(n),
-                        is_cross=torch.zeros(n, dtype=torch.bool), omega=torch.ones(n),
-                        behaviour_mean_logprob=torch.zeros(n))
+    return plain_rows(*token_rows())
 
 
 def _host_pointers(trainer) -> dict[str, int]:
@@ -71,14 +69,14 @@ def _run(offload: bool) -> dict:
     trainer = _trainer(offload)
     try:
         rows = _rows()
-        reference_before = trainer.compute_token_logprobs(rows, reference=True)
-        step_rows = training_rows(trainer.compute_mean_logprobs(rows))
-        step_rows = dataclasses.replace(step_rows, is_cross=torch.zeros(len(step_rows), dtype=torch.bool))
-        metrics = trainer.train_step(step_rows, GRPO_KL, step=0)
-        reference_after = trainer.compute_token_logprobs(rows, reference=True)  # the step does not move it
+        reference_before = trainer.compute_token_logprobs(rows.token_ids, rows.response_mask, reference=True)
+        step_rows = training_rows(mean_logprobs(trainer, rows))
+        step_rows = as_own_rows(step_rows)
+        metrics = train(trainer, step_rows, GRPO_KL, step=0)
+        reference_after = trainer.compute_token_logprobs(rows.token_ids, rows.response_mask, reference=True)  # the step does not move it
         trainer.sync_reference()  # now the reference is the updated policy
-        synced = trainer.compute_token_logprobs(rows, reference=True)
-        policy = trainer.compute_token_logprobs(rows)
+        synced = trainer.compute_token_logprobs(rows.token_ids, rows.response_mask, reference=True)
+        policy = trainer.compute_token_logprobs(rows.token_ids, rows.response_mask)
         return {"reference": reference_before, "reference_after": reference_after, "synced": synced,
                 "policy": policy, "metrics": {k: v for k, v in metrics.items() if k not in TIMING_METRICS}}
     finally:
@@ -105,7 +103,7 @@ def test_reference_weights_are_host_tensors_between_forwards(world: None) -> Non
         seen: list[dict[str, int]] = []
         hook = trainer.reference.register_forward_pre_hook(lambda module, args: seen.append(
             {name: p.data_ptr() for name, p in module.named_parameters()}))
-        trainer.compute_token_logprobs(_rows(), reference=True)
+        trainer.compute_token_logprobs(*token_rows(), reference=True)
         hook.remove()
         assert seen and all(pointers[n] != host[n] for pointers in seen for n in pointers)  # device copies
         assert {n: host[n] for n in _reference_pointers(trainer)} == _reference_pointers(trainer)
@@ -123,7 +121,7 @@ def test_no_reference_model_without_beta(world: None) -> None:
     try:
         assert trainer.reference is None and trainer.reference_offload is None
         with pytest.raises(RuntimeError, match="no reference model"):
-            trainer.compute_token_logprobs(_rows(), reference=True)
+            trainer.compute_token_logprobs(*token_rows(), reference=True)
     finally:
         trainer.close()
 
@@ -137,16 +135,16 @@ def test_the_switch_is_read_from_the_agent_config_and_survives_a_checkpoint(worl
     try:
         assert trainer.reference_offload is not None
         rows = _rows()
-        expected = trainer.compute_token_logprobs(rows, reference=True)
+        expected = trainer.compute_token_logprobs(rows.token_ids, rows.response_mask, reference=True)
         trainer.save_checkpoint(str(tmp_path / "ckpt"), step=0)
         with torch.no_grad():  # disturb the host copies, then restore them from the checkpoint
             for tensor in trainer.reference_offload.host_tensors.values():
                 tensor.add_(0.5)
-        assert not torch.equal(trainer.compute_token_logprobs(rows, reference=True), expected)
+        assert not torch.equal(trainer.compute_token_logprobs(rows.token_ids, rows.response_mask, reference=True), expected)
         host = _host_pointers(trainer)
         trainer.load_checkpoint(str(tmp_path / "ckpt"))
         assert _host_pointers(trainer) == host  # loaded into the host tensors, not replaced
         assert {n: host[n] for n in _reference_pointers(trainer)} == _reference_pointers(trainer)
-        assert torch.equal(trainer.compute_token_logprobs(rows, reference=True), expected)
+        assert torch.equal(trainer.compute_token_logprobs(rows.token_ids, rows.response_mask, reference=True), expected)
     finally:
         trainer.close()

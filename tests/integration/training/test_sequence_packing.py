@@ -21,9 +21,13 @@ from nemo_hacpo.config import AlgoConfig, OptimizerConfig, ParallelConfig
 from tests.helpers.megatron_setup import gloo_world_of_one
 from tests.integration.training.tiny_setup import (
     TIMING_METRICS,
+    as_own_rows,
+    mean_logprobs,
+    plain_rows,
     tiny_agent,
     tiny_arch,
     token_rows,
+    train,
     training_rows,
 )
 
@@ -53,13 +57,7 @@ def _trainer(packing: bool, micro_batch_size: int = 2, **kwargs):
 
 
 def _plain_rows():
-    from nemo_hacpo.training import TrainingRows
-
-    token_ids, response_mask = token_rows()
-    n = len(token_ids)
-    return TrainingRows(token_ids=token_ids, response_mask=response_mask, advantages=torch.zeros(n),
-                        is_cross=torch.zeros(n, dtype=torch.bool), omega=torch.ones(n),
-                        behaviour_mean_logprob=torch.zeros(n))
+    return plain_rows(*token_rows())
 
 
 def _run(packing: bool, **kwargs) -> dict:
@@ -71,15 +69,15 @@ def _run(packing: bool, **kwargs) -> dict:
         initial = {k: v.clone() for k, v in trainer.module.state_dict().items() if isinstance(v, torch.Tensor)}
         plain = _plain_rows()
         out["weights"] = initial
-        out["mean"] = trainer.compute_mean_logprobs(plain)
-        out["tokens"] = trainer.compute_token_logprobs(plain)
-        out["reference_tokens"] = trainer.compute_token_logprobs(plain, reference=True)
+        out["mean"] = mean_logprobs(trainer, plain)
+        out["tokens"] = trainer.compute_token_logprobs(plain.token_ids, plain.response_mask)
+        out["reference_tokens"] = trainer.compute_token_logprobs(plain.token_ids, plain.response_mask, reference=True)
         rows = training_rows(out["mean"])
         for label, algo in ALGOS.items():
             if label == "grpo_kl":  # all self rows: the KL term (self rows only) is live in the second update
-                rows = dataclasses.replace(rows, is_cross=torch.zeros(len(rows), dtype=torch.bool))
+                rows = as_own_rows(rows)
             trainer.module.load_state_dict(initial, strict=False)
-            metrics = trainer.train_step(rows, algo, step=0)
+            metrics = train(trainer, rows, algo, step=0)
             out[label] = {"metrics": {k: v for k, v in metrics.items() if k not in TIMING_METRICS},
                           "weights": {n: p.detach().clone() for n, p in trainer.module.named_parameters()}}
     finally:

@@ -20,7 +20,17 @@ import torch
 
 from nemo_hacpo.config import AlgoConfig, OptimizerConfig
 from tests.helpers.megatron_setup import gloo_world_of_one
-from tests.integration.training.tiny_setup import VOCAB_SIZE, tiny_agent, tiny_arch, token_rows, training_rows
+from tests.integration.training.tiny_setup import (
+    VOCAB_SIZE,
+    as_own_rows,
+    mean_logprobs,
+    plain_rows,
+    tiny_agent,
+    tiny_arch,
+    token_rows,
+    train,
+    training_rows,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -50,14 +60,9 @@ def _weights(trainer) -> dict[str, torch.Tensor]:
 
 
 def _rows(trainer):
-    from nemo_hacpo.training import TrainingRows
-
     token_ids, response_mask = token_rows()
-    n = len(token_ids)
-    plain = TrainingRows(token_ids=token_ids, response_mask=response_mask, advantages=torch.zeros(n),
-                         is_cross=torch.zeros(n, dtype=torch.bool), omega=torch.ones(n),
-                         behaviour_mean_logprob=torch.zeros(n))
-    return training_rows(trainer.compute_mean_logprobs(plain))
+    plain = plain_rows(token_ids, response_mask)
+    return training_rows(mean_logprobs(trainer, plain))
 
 
 def test_mean_logprob_is_the_shifted_log_softmax_over_the_true_vocabulary(world: None) -> None:
@@ -65,7 +70,7 @@ def test_mean_logprob_is_the_shifted_log_softmax_over_the_true_vocabulary(world:
     try:
         token_ids, response_mask = token_rows()
         rows = _rows(trainer)
-        mean_logprob = rows.behaviour_mean_logprob[:8]  # self rows: behaviour = m_old exactly
+        mean_logprob = rows.old_mean_logprob[:8]  # self rows: behaviour = m_old exactly
         for index in range(8):
             tokens = torch.tensor(token_ids[index])
             with torch.no_grad():
@@ -83,13 +88,12 @@ def test_positive_advantage_raises_and_negative_lowers_the_mean_logprob(world: N
                                        use_distributed_optimizer=False))
     try:
         rows = _rows(trainer)
-        before = rows.behaviour_mean_logprob.clone()
+        before = rows.old_mean_logprob.clone()
         advantages = torch.zeros(len(rows))
         advantages[0], advantages[1] = 1.0, -1.0  # two self rows; every other row has A = 0
-        rows = dataclasses.replace(rows, advantages=advantages, is_cross=torch.zeros(len(rows), dtype=torch.bool),
-                                   behaviour_mean_logprob=before)
-        trainer.train_step(rows, AlgoConfig(updates_per_step=1, kl_coef=0.0), step=0)
-        after = trainer.compute_mean_logprobs(rows)
+        rows = as_own_rows(rows).replace(advantages=advantages, old_mean_logprob=before)
+        train(trainer, rows, AlgoConfig(updates_per_step=1, kl_coef=0.0), step=0)
+        after = mean_logprobs(trainer, rows)
         assert after[0] > before[0] + 1e-3
         assert after[1] < before[1] - 1e-3
     finally:
@@ -106,7 +110,7 @@ def test_cross_row_above_one_has_exactly_zero_gradient(world: None) -> None:
 
         def update_of(variant) -> dict[str, torch.Tensor]:
             trainer.module.load_state_dict(initial, strict=False)
-            trainer.train_step(variant, algo, step=0)
+            train(trainer, variant, algo, step=0)
             return {name: initial[name] - weight for name, weight in _weights(trainer).items()}
 
         def with_advantage(row: int, value: float):
@@ -116,7 +120,7 @@ def test_cross_row_above_one_has_exactly_zero_gradient(world: None) -> None:
 
         baseline = update_of(rows)
         above, inside = 8, 9  # s = exp(0.3) = 1.35 > 1 and s = exp(−0.05) = 0.95 ∈ [0.8, 1] (tiny_setup)
-        assert rows.is_cross[above] and rows.is_cross[inside] and rows.advantages[above] != 0
+        assert rows.cross_objective[above] and rows.cross_objective[inside] and rows.advantages[above] != 0
         zeroed_above = update_of(with_advantage(above, 0.0))
         zeroed_inside = update_of(with_advantage(inside, 0.0))
         for name, update in baseline.items():
@@ -128,8 +132,8 @@ def test_cross_row_above_one_has_exactly_zero_gradient(world: None) -> None:
         keep = [i for i in range(len(rows)) if i != above]
         dropped = dataclasses.replace(
             rows, token_ids=[rows.token_ids[i] for i in keep], response_mask=[rows.response_mask[i] for i in keep],
-            advantages=rows.advantages[keep], is_cross=rows.is_cross[keep], omega=rows.omega[keep],
-            behaviour_mean_logprob=rows.behaviour_mean_logprob[keep])
+            advantages=rows.advantages[keep], cross_objective=rows.cross_objective[keep], omega=rows.omega[keep],
+            old_mean_logprob=rows.old_mean_logprob[keep], is_own=rows.is_own[keep], source=rows.source[keep])
         without_row = update_of(dropped)
         for name, update in baseline.items():
             torch.testing.assert_close(without_row[name] * 15 / 16, update, rtol=0, atol=5e-7)
@@ -144,7 +148,7 @@ def test_update_index_sets_the_stepwise_cross_clip(world: None) -> None:
     trainer = _trainer(_sgd(1e-6))
     try:
         rows = _rows(trainer)
-        metrics = trainer.train_step(rows, AlgoConfig(updates_per_step=4, kl_coef=0.0), step=0)
+        metrics = train(trainer, rows, AlgoConfig(updates_per_step=4, kl_coef=0.0), step=0)
         assert metrics["cross_clip_lower"] == pytest.approx((0.8 + 0.825 + 0.85 + 0.875) / 4)
         assert metrics["cross_clip_low_frac"] == pytest.approx(3 / 8)
         assert metrics["cross_clip_high_frac"] == pytest.approx(2 / 8)
@@ -153,7 +157,7 @@ def test_update_index_sets_the_stepwise_cross_clip(world: None) -> None:
         assert metrics["loss"] == pytest.approx(sum(metrics[f"loss_u{u}"] for u in range(4)) / 4)
 
         with pytest.raises(ValueError, match="cannot fill 17 updates"):
-            trainer.train_step(rows, AlgoConfig(updates_per_step=17, kl_coef=0.0), step=1)
+            train(trainer, rows, AlgoConfig(updates_per_step=17, kl_coef=0.0), step=1)
     finally:
         trainer.close()
 
@@ -162,22 +166,22 @@ def test_grpo_and_kl_take_old_and_reference_logprobs_from_the_trainer(world: Non
     trainer = _trainer(_sgd(0.1), reference_model=True)
     try:
         rows = _rows(trainer)
-        rows = dataclasses.replace(rows, is_cross=torch.zeros(len(rows), dtype=torch.bool))
+        rows = as_own_rows(rows)
         # At the start of the step: old = current weights (ratio 1) and reference = current (KL 0).
-        metrics = trainer.train_step(rows, AlgoConfig(name="grpo", updates_per_step=1, kl_coef=0.5), step=0)
+        metrics = train(trainer, rows, AlgoConfig(name="grpo", updates_per_step=1, kl_coef=0.5), step=0)
         assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
         assert metrics["kl_mean"] == pytest.approx(0.0, abs=1e-9) and metrics["kl_loss"] == pytest.approx(0.0, abs=1e-9)
         assert metrics["num_tokens"] == sum(sum(mask[1:]) for mask in rows.response_mask)
         assert rows.old_token_logprobs is None  # the caller's rows are not modified
         # After an update the policy has left the reference: the KL term is live.
-        metrics = trainer.train_step(rows, AlgoConfig(name="grpo", updates_per_step=1, kl_coef=0.5), step=1)
+        metrics = train(trainer, rows, AlgoConfig(name="grpo", updates_per_step=1, kl_coef=0.5), step=1)
         assert metrics["kl_mean"] > 1e-6 and metrics["kl_loss"] > 0
     finally:
         trainer.close()
     without_reference = _trainer(_sgd(0.1))
     try:
         with pytest.raises(ValueError, match="reference model"):
-            without_reference.train_step(rows, AlgoConfig(kl_coef=0.001, updates_per_step=1), step=0)
+            train(without_reference, rows, AlgoConfig(kl_coef=0.001, updates_per_step=1), step=0)
     finally:
         without_reference.close()
 
@@ -193,7 +197,7 @@ def test_learning_rate_schedule_warms_up_from_lr_over_w_and_decays(world: None) 
     trainer = MegatronTrainer(agent, tiny_arch(agent), seed=1234, total_updates=6)
     try:
         rows = _rows(trainer)
-        seen = [trainer.train_step(rows, AlgoConfig(updates_per_step=1, kl_coef=0.0), step=k)["lr"] for k in range(7)]
+        seen = [train(trainer, rows, AlgoConfig(updates_per_step=1, kl_coef=0.0), step=k)["lr"] for k in range(7)]
         expected = [5e-4, 7.5e-4, 1e-3] + [1e-4 + 0.9e-3 * (1 + math.cos(math.pi * (k - 2) / 4)) / 2
                                            for k in range(3, 7)]
         assert seen == pytest.approx(expected, rel=1e-9)

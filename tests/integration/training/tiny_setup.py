@@ -47,7 +47,7 @@ def tiny_agent(tp: int = 1, pp: int = 1, dp: int = 1, micro_batch_size: int = 2)
 
 
 def tiny_arch(agent: AgentConfig):
-    from nemo_hacpo.models.spec import model_arch
+    from nemo_hacpo.models.architecture import model_arch
 
     return model_arch(agent, tokenizer_vocab=VOCAB_SIZE)
 
@@ -69,19 +69,45 @@ CROSS_LOG_RATIO_OFFSETS = (-0.3, 0.05, 0.1, 0.5, -0.05, 0.15, 0.3, 0.02)
 four cross rows pass gradient and four are clipped (two above 1, two below lo_0), none near a boundary."""
 
 
+def plain_rows(token_ids: list[list[int]], response_mask: list[list[int]]):
+    """Rows with nothing but tokens (all own rows, no advantages): what log-prob passes need."""
+    from nemo_hacpo.algo.rows import TrainingRows
+
+    return TrainingRows.supervised(token_ids, response_mask)
+
+
+def mean_logprobs(trainer, rows) -> torch.Tensor:
+    """`[N]` m(y) of the rows under the trainer's current weights."""
+    return trainer.compute_mean_logprobs(rows.token_ids, rows.response_mask)
+
+
 def training_rows(mean_logprob: torch.Tensor, seed: int = 0):
-    """8 self rows (behaviour = m, s = 1) then 8 cross rows (behaviour = m + offsets), seeded A and ω."""
-    from nemo_hacpo.training import TrainingRows
+    """8 own rows (m_old = m, s = 1) then 8 cross rows (m_old = m + offsets), seeded A and ω."""
+    from nemo_hacpo.algo.rows import TrainingRows
 
     token_ids, response_mask = token_rows(seed)
     generator = torch.Generator().manual_seed(seed + 1)
-    num_self = NUM_ROWS // 2
-    is_cross = torch.arange(NUM_ROWS) >= num_self
-    offsets = torch.cat([torch.zeros(num_self), torch.tensor(CROSS_LOG_RATIO_OFFSETS)])
+    num_own = NUM_ROWS // 2
+    is_cross = torch.arange(NUM_ROWS) >= num_own
+    offsets = torch.cat([torch.zeros(num_own), torch.tensor(CROSS_LOG_RATIO_OFFSETS)])
     omega = torch.where(is_cross, torch.tensor([0.5, 2.0]).repeat(NUM_ROWS // 2), torch.ones(NUM_ROWS))
     return TrainingRows(token_ids=token_ids, response_mask=response_mask,
-                        advantages=torch.randn(NUM_ROWS, generator=generator), is_cross=is_cross, omega=omega,
-                        behaviour_mean_logprob=mean_logprob.float() + offsets)
+                        advantages=torch.randn(NUM_ROWS, generator=generator), cross_objective=is_cross,
+                        omega=omega, old_mean_logprob=mean_logprob.float() + offsets, is_own=~is_cross,
+                        source=is_cross.long())
+
+
+def as_own_rows(rows):
+    """The same rows, every one trained as the learner's own (no cross objective)."""
+    return rows.replace(cross_objective=torch.zeros(len(rows), dtype=torch.bool),
+                        is_own=torch.ones(len(rows), dtype=torch.bool), source=torch.zeros(len(rows), dtype=torch.long))
+
+
+def train(trainer, rows, algo, step: int) -> dict[str, float]:
+    """One `train_step` with the objective of config `algo`; its flat metrics."""
+    from nemo_hacpo.training.objective import Objective
+
+    return trainer.train_step(rows, Objective.of(algo), step).flat()
 
 
 def _global_name(local_name: str, layer_offset: int) -> str:

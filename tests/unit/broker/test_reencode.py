@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nemo_hacpo.broker import ReencodeError, reencode_batch, reencode_for_learner, render_prompt_ids
+from nemo_hacpo.broker import ReencodeError, reencode_batch, reencode_for_learner
 from nemo_hacpo.broker.reencode import _expected_text
+from nemo_hacpo.models.chat import render_prompt_ids
 
 from .conftest import TOKENIZER_NAMES
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from nemo_hacpo import config as C
-from nemo_hacpo._typed import field_docs
 from nemo_hacpo.config import ConfigError, load_config
+from nemo_hacpo.config.typed import field_docs
 
 
 def _error(overrides: list[str], config_name: str = "pair_tiny") -> ConfigError:
@@ -61,10 +61,23 @@ def test_spec_defaults():
 def test_algo_presets(algo, updates, shares, per_prompt):
     cfg = load_config("pair_tiny", [f"algo={algo}"])
     assert cfg.algo.name == algo and cfg.algo.updates_per_step == updates
-    assert cfg.algo.shares_rollouts is shares
+    assert cfg.algo.algorithm.shares_rollouts is shares
     assert cfg.algo.samples_per_prompt == per_prompt  # pair_tiny: G = 4
     # B=8, G=4, n=2: 64 per learner when sharing, 32 alone, 64 with 2G alone
     assert cfg.algo.sequences_per_learner(2) == {"hacpo": 64, "naive": 64, "gspo": 32, "gspo_x2": 64, "grpo": 32}[algo]
+
+
+def test_an_unknown_algorithm_is_named_with_the_choices():
+    err = _error(["algo.name=ppo"])
+    assert [issue.key for issue in err.issues] == ["algo.name"]
+    assert "unknown algorithm 'ppo'" in str(err) and "['grpo', 'gspo', 'gspo_x2', 'hacpo', 'naive']" in str(err)
+
+
+def test_ablation_switches_only_remove_mechanisms():
+    hacpo = load_config("pair_tiny", ["algo.ablation.capability_baseline=false"]).algo.algorithm
+    assert (hacpo.capability_baseline, hacpo.omega_on_rows, hacpo.cross_objective) == (False, True, True)
+    naive = load_config("pair_tiny", ["algo=naive", "algo.ablation.gradient_modulation=true"]).algo.algorithm
+    assert (naive.capability_baseline, naive.omega_on_rows) == (False, False)  # a switch cannot add ω to naive
 
 
 def test_overrides_reach_list_items():
@@ -89,7 +102,7 @@ def test_every_field_has_a_docstring():
         for f in dataclasses.fields(cls):
             assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring"
         for obj in vars(C).values():
-            if dataclasses.is_dataclass(obj) and isinstance(obj, type) and obj.__module__ == C.__name__:
+            if dataclasses.is_dataclass(obj) and isinstance(obj, type) and obj.__module__ == "nemo_hacpo.config.schema":
                 stack.append(obj)
     assert len(seen) >= 14
     lines = C.describe()

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nemo_hacpo.models.architecture import ModelArch, arch_from_hf_config
 from nemo_hacpo.models.hf_layouts import (
     WeightMapping,
     check_convertible,
@@ -22,7 +23,6 @@ from nemo_hacpo.models.hf_layouts import (
     unshard,
     weight_mappings,
 )
-from nemo_hacpo.models.spec import ModelArch, arch_from_hf_config
 from tests.helpers.hf_models import FAMILIES, tiny_hf_causal_lm
 
 
@@ -196,7 +196,7 @@ def test_hf_config_round_trips_through_arch_from_hf_config(family: str) -> None:
 
 def test_hf_config_of_the_pair_tiny_agents() -> None:
     from nemo_hacpo.config import load_config
-    from nemo_hacpo.models.spec import model_arch
+    from nemo_hacpo.models.architecture import model_arch
 
     llama_tiny, gpt_tiny = (model_arch(agent, tokenizer_vocab=1000) for agent in load_config("pair_tiny").agents)
     llama = hf_config(llama_tiny)

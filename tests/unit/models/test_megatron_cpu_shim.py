@@ -26,7 +26,7 @@ SEQ_LEN = 32
 def tiny_gpt_config(tensor_model_parallel_size: int = 1, num_layers: int = 2, **overrides):
     """TransformerConfig of a Llama-like toy: RMSNorm, SwiGLU, GQA (4 query heads, 2 KV groups, head_dim 64).
 
-    Every CUDA-only fusion is off (spec/cpu-notes.md); dropout is 0 (deterministic) unless overridden.
+    Every CUDA-only fusion is off (their kernels need CUDA); dropout is 0 (deterministic) unless overridden.
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 

@@ -21,7 +21,7 @@ import pytest
 import torch.nn.functional as F
 
 from nemo_hacpo.config import AgentConfig, ModelSource
-from nemo_hacpo.models.spec import (
+from nemo_hacpo.models.architecture import (
     RecipeLayout,
     arch_from_hf_config,
     arch_from_provider,

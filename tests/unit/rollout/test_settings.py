@@ -75,7 +75,9 @@ def test_cuda_layouts(llama_agent, tmp_path):
                                                                          tensor_parallel_size=2),
                                 precision=dataclasses.replace(llama_agent.precision, dtype="bf16"))
     separate = engine_settings(agent, tmp_path, tmp_path, device="cuda")
-    assert (separate.enable_sleep_mode, separate.weight_transfer_backend) == (False, "nccl")
+    # an engine with no trainer beside it (evaluation): no refit transport (the config refuses separate-GPU
+    # engines for training)
+    assert (separate.enable_sleep_mode, separate.weight_transfer_backend) == (False, None)
     assert (separate.dtype, separate.tensor_parallel_size) == ("bfloat16", 2)
     # TP > 1 inside a Ray placement group: vLLM's own processes, never its Ray executor (which would wait for
     # bundles the trainer ranks hold)

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nemo_hacpo.rollout.sampling import request_seeds
-from nemo_hacpo.runtime.placement import engine_layout, merge_generations, split_batch
+from nemo_hacpo.runtime.placement import engine_layout, split_batch
 
 
 def test_pair_large_layouts():
@@ -47,12 +47,3 @@ def test_split_batch_covers_in_order_and_keeps_every_request_seed(num_prompts, e
     # slice (a, b) generated with base seed base + a·n gives each request the seed of one big call
     pieced = [s for a, b in slices for s in request_seeds(base + a * n, b - a, n)]
     assert pieced == request_seeds(base, num_prompts, n)
-
-
-def test_merge_generations_concatenates_and_adds_throughput():
-    a = {"prompt_token_ids": [[1]], "responses": [["x"]], "stats": {"tokens_per_s": 10.0, "generate_s": 2.0}}
-    b = {"prompt_token_ids": [[2], [3]], "responses": [["y"], ["z"]],
-         "stats": {"tokens_per_s": 5.0, "generate_s": 3.0}}
-    merged = merge_generations([a, b])
-    assert merged["prompt_token_ids"] == [[1], [2], [3]] and merged["responses"] == [["x"], ["y"], ["z"]]
-    assert merged["stats"] == {"tokens_per_s": 15.0, "generate_s": 3.0}

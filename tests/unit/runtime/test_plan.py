@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nemo_hacpo.config import load_config
-from nemo_hacpo.models.spec import arch_from_hf, model_arch
+from nemo_hacpo.models.architecture import arch_from_hf, model_arch
 from nemo_hacpo.runtime.plan import format_plan, parameter_counts, plan_agent, total_parameters
 
 LLAMA_33_70B = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
@@ -35,7 +35,7 @@ def large_env(tmp_path, monkeypatch):
 
 
 def test_parameter_counts_match_megatron_models_built_for_pair_tiny():
-    # Counted from the GPTModels that nemo_hacpo.models.spec builds for pair_tiny (vocab 751 → padded 768):
+    # Counted from the GPTModels that nemo_hacpo.models.architecture builds for pair_tiny (vocab 751 → padded 768):
     # llama_tiny 2,754,816 and gpt_tiny 957,184 parameters.
     cfg = load_config()
     counts = [total_parameters(model_arch(agent, 751)) for agent in cfg.agents]

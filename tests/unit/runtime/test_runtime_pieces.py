@@ -7,50 +7,55 @@ import dataclasses
 import datetime
 import errno
 import json
-import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from nemo_hacpo.config import load_config
 from nemo_hacpo.data import MathProblem
-from nemo_hacpo.runtime.checkpoint import (
+from nemo_hacpo.data.splits import load_split
+from nemo_hacpo.rollout.outputs import GenerationResult, SampledResponse
+from nemo_hacpo.runtime.loop import batch_group_ids, own_rollouts
+from nemo_hacpo.runtime.run_checkpoint import (
     DRIVER_FILE,
     archive_previous_run,
     checkpoints,
     latest_checkpoint,
     save_run_checkpoint,
 )
-from nemo_hacpo.runtime.datasets import load_split
-from nemo_hacpo.runtime.loop import batch_group_ids, own_rollouts
-from nemo_hacpo.runtime.metrics import drop_records_after
+from nemo_hacpo.runtime.step_log import drop_records_after
 from nemo_hacpo.runtime.warmstart import warm_start_key, warm_start_seed
+from nemo_hacpo.runtime.worker import OldLogprobs
 
 
-def test_own_rollouts_align_trainer_logprobs_with_response_tokens():
+def _response(b, g, ids, text, reason, logprobs):
+    return SampledResponse(prompt_index=b, sample_index=g, token_ids=ids, text=text, finish_reason=reason,
+                           logprobs=logprobs)
+
+
+def test_own_rollouts_carry_the_trainers_m_old_and_the_agents_metrics():
     problems = [MathProblem(id="p0", question="q", answer="7", level=1, solution="", source="t", expression=None)]
     messages = [[{"role": "user", "content": "q"}]]
     # prompt of 3 tokens, two responses of 2 and 3 tokens
-    generated = {"prompt_token_ids": [[10, 11, 12]],
-                 "responses": [[{"token_ids": [5, 2], "text": "7", "finish_reason": "stop", "logprobs": [-1.0, -0.5]},
-                                {"token_ids": [6, 7, 8], "text": "x", "finish_reason": "length",
-                                 "logprobs": [-2.0, -2.0, -2.0]}]]}
-    # shifted layout: column t scores token t + 1 → response tokens of a 3-token prompt sit in columns 2, 3, (4)
-    token_lp = torch.tensor([[0.0, 0.0, -1.1, -0.5, 0.0], [0.0, 0.0, -2.0, -2.0, -2.3]])
-    rollouts, metrics = own_rollouts("a", problems, messages, generated, [1.0, 0.0], token_lp, step=3)
-    assert [r.trajectory.source_mean_logprob for r in rollouts] == pytest.approx([-0.8, -6.3 / 3])
+    generation = GenerationResult(prompt_token_ids=[[10, 11, 12]], seeds=[0], responses=[[
+        _response(0, 0, [5, 2], "7", "stop", [-1.0, -0.5]),
+        _response(0, 1, [6, 7, 8], "x", "length", [-2.0, -2.0, -2.0])]])
+    old = OldLogprobs(mean=[-0.8, -2.1], mismatch=1.25)
+    rollouts, metrics = own_rollouts("a", problems, messages, generation, [1.0, 0.0], old, step=3)
+    assert [r.trajectory.source_mean_logprob for r in rollouts] == [-0.8, -2.1]
     assert rollouts[0].token_ids == [10, 11, 12, 5, 2] and rollouts[0].response_mask == [0, 0, 0, 1, 1]
     assert rollouts[1].trajectory.finish_reason == "length" and rollouts[1].trajectory.source_num_tokens == 3
-    # |Δ| over the 5 response tokens: 0.1, 0, 0, 0, 0.3 → mean 0.08 → exp(0.08)
-    assert metrics["mismatch_token_mult_prob_error"] == pytest.approx(math.exp(0.08), rel=1e-6)
-    assert metrics["reward_mean"] == 0.5 and metrics["truncation_rate"] == 0.5
-    assert metrics["response_length_mean"] == 2.5 and metrics["response_length_max"] == 3.0
+    assert rollouts[0].trajectory.metadata == {"level": "1"} and rollouts[0].old_token_logprobs is None
+    assert metrics == {"reward_mean": 0.5, "truncation_rate": 0.5, "response_length_mean": 2.5,
+                       "response_length_max": 3.0, "mismatch_token_mult_prob_error": 1.25}
 
 
 def test_a_problem_twice_in_one_batch_forms_two_prompt_groups(tmp_path):
     """A batch that runs into the next epoch (or B > data set) can repeat a problem; the broker must see two
     groups, not one prompt with two responses per sample index (which it rejects)."""
+    from nemo_hacpo.algo import ALGORITHMS
     from nemo_hacpo.broker import Broker, LearnerTokenizer
     from nemo_hacpo.models.tokenizers import load_tokenizer
 
@@ -66,23 +71,19 @@ def test_a_problem_twice_in_one_batch_forms_two_prompt_groups(tmp_path):
     rollouts = {}
     for agent, tokenizer in tok.items():
         prompt_ids = [tokenizer.apply_chat_template(m, add_generation_prompt=True, tokenize=True) for m in messages]
-        responses = [[{"token_ids": tokenizer("\\boxed{5}", add_special_tokens=False)["input_ids"], "text": "\\boxed{5}",
-                       "finish_reason": "stop", "logprobs": None} for _ in range(2)] for _ in problems]
-        for group in responses:
-            for r in group:
-                r["logprobs"] = [-0.5] * len(r["token_ids"])
-        width = max(len(ids) for ids in prompt_ids) + 8
-        token_lp = torch.full((len(problems) * 2, width), -0.5)
-        rewards = [1.0, 0.0] * len(problems)
-        rollouts[agent], _ = own_rollouts(agent, problems, messages,
-                                          {"prompt_token_ids": prompt_ids, "responses": responses}, rewards, token_lp, 1)
+        ids = tokenizer("\\boxed{5}", add_special_tokens=False)["input_ids"]
+        generation = GenerationResult(prompt_token_ids=prompt_ids, seeds=[0] * 3, responses=[
+            [_response(b, g, ids, "\\boxed{5}", "stop", [-0.5] * len(ids)) for g in range(2)] for b in range(3)])
+        old = OldLogprobs(mean=[-0.5] * 6, mismatch=1.0)
+        rollouts[agent], _ = own_rollouts(agent, problems, messages, generation, [1.0, 0.0] * 3, old, 1)
     assert [r.trajectory.prompt_id for r in rollouts["a"]] == ["p0", "p0", "p1", "p1", "p0#1", "p0#1"]
-    broker = Broker(["a", "b"], {a: LearnerTokenizer(t, 64) for a, t in tok.items()}, mode="hacpo")
+    broker = Broker(["a", "b"], {a: LearnerTokenizer(t, 64) for a, t in tok.items()}, algorithm=ALGORITHMS["hacpo"])
     step = broker.step(rollouts)
-    view = step.views["a"]
     # 3 prompt groups × 2 samples of its own, then 3 × 2 of b's: the repeat is a group of its own
-    assert view.counts["self_rows"] == 6 and view.counts["cross_rows"] == 6
-    assert sorted(set(view.prompt_index.tolist())) == [0, 1, 2]
+    assert step.counts["a"]["self_rows"] == 6 and step.counts["a"]["cross_rows"] == 6
+    # rewards [1, 0] in every group of both agents: each group has its own baseline, so the advantages repeat
+    adv = step.rows["a"].advantages
+    assert torch.allclose(adv[:2], adv[2:4]) and torch.allclose(adv[:2], adv[4:6]) and adv[0] > 0 > adv[1]
 
 
 def test_checkpoint_discovery_ignores_partial_saves(tmp_path):
@@ -100,16 +101,13 @@ def test_checkpoint_discovery_ignores_partial_saves(tmp_path):
 
 
 class _SavingGroup:
-    """Stands in for an AgentGroup in save_run_checkpoint: `save` writes a file where the trainer would."""
+    """Stands in for an AgentGroup in save_run_checkpoint: `save_checkpoint` writes a file where the trainer
+    would, and its pending call returns nothing."""
 
-    def call_all(self, method, path, step):
-        assert method == "save"
+    def save_checkpoint(self, path, step):
         Path(path).mkdir(parents=True)
         (Path(path) / "weights").write_text(str(step))
-        return []
-
-    def get(self, futures, what):
-        return []
+        return SimpleNamespace(result=lambda: None)
 
 
 def test_keep_last_n_never_prunes_the_checkpoint_just_written(tmp_path):
@@ -206,20 +204,21 @@ def test_use_algorithm_guards(tmp_path):
     with pytest.raises(RuntimeError, match="needs a started run"):
         run.use_algorithm(cfg.algo)
     no_kl = dataclasses.replace(load_config("pair_tiny", ["algo=gspo"]).algo, kl_coef=0.0)
-    run.groups = {a: SimpleNamespace(algo=no_kl) for a in run.agents}  # workers built without a reference model
+    run.groups = {a: SimpleNamespace(keep_reference=False) for a in run.agents}  # workers without a reference
+    run.cfg = dataclasses.replace(cfg, algo=no_kl)  # ... as started for gspo without KL
     with pytest.raises(ValueError, match=r"kl_coef=0.001 .* no reference model .*'gspo'"):
         run.use_algorithm(cfg.algo)
     run.use_algorithm(no_kl)  # the algorithm they were built for
-    assert (run.mode, run.samples_per_prompt, run.cfg.algo) == ("isolated", no_kl.samples_per_prompt, no_kl)
-    assert run.broker.mode == "isolated" and run.cfg.agents == cfg.agents
+    assert (run.samples_per_prompt, run.cfg.algo) == (no_kl.samples_per_prompt, no_kl)
+    assert not run.broker.algorithm.shares_rollouts and run.cfg.agents == cfg.agents
 
-    run.groups = {a: SimpleNamespace(algo=cfg.algo) for a in run.agents}  # workers that keep a reference model
+    run.groups = {a: SimpleNamespace(keep_reference=True) for a in run.agents}  # workers that keep a reference
     x2 = load_config("pair_tiny", ["algo=gspo_x2"]).algo
     run.use_algorithm(x2)
-    assert (run.mode, run.samples_per_prompt) == ("isolated", 2 * cfg.algo.group_size)
+    assert (run.broker.algorithm.name, run.samples_per_prompt) == ("gspo_x2", 2 * cfg.algo.group_size)
     run.use_algorithm(cfg.algo)  # back to HACPO: a sharing broker over every agent's tokenizer, same tracker
-    assert (run.mode, run.broker.mode, run.samples_per_prompt) == ("hacpo", "hacpo", cfg.algo.group_size)
-    assert run.broker.tracker is run.tracker
+    assert run.broker.algorithm == cfg.algo.algorithm and run.samples_per_prompt == cfg.algo.group_size
+    assert run.broker.tracker is run.tracker and set(run.broker.tokenizers) == set(run.agents)
 
 
 def _bind(port: int) -> None:
@@ -235,7 +234,7 @@ def test_rank_zero_listens_on_its_rendezvous_port_from_the_moment_it_names_it(tm
     from nemo_hacpo.runtime.worker import AgentRank
 
     cfg = load_config("pair_tiny", ["warmstart.enabled=false"])
-    rank = AgentRank(cfg.agents[0], cfg.algo, 0, seed=0, run_dir=str(tmp_path), total_updates=1,
+    rank = AgentRank(cfg.agents[0], 0, seed=0, run_dir=str(tmp_path), total_updates=1, keep_reference=False,
                      collective_timeout_s=10)
     host, port = rank.address()
     with pytest.raises(OSError) as taken:  # nobody else can bind it while the driver passes it to every rank

@@ -7,7 +7,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nemo_hacpo.broker.broker import LearnerView
 from nemo_hacpo.training.batching import (
     PAD_ID,
     TrainingRows,
@@ -23,8 +22,10 @@ from nemo_hacpo.training.batching import (
 
 def _rows(token_ids, response_mask, **fields) -> TrainingRows:
     n = len(token_ids)
-    defaults = dict(advantages=torch.arange(n, dtype=torch.float32), is_cross=torch.arange(n) >= n // 2,
-                    omega=torch.full((n,), 2.0), behaviour_mean_logprob=-torch.arange(n, dtype=torch.float32))
+    cross = torch.arange(n) >= n // 2
+    defaults = dict(advantages=torch.arange(n, dtype=torch.float32), cross_objective=cross, is_own=~cross,
+                    source=cross.long(), omega=torch.full((n,), 2.0),
+                    old_mean_logprob=-torch.arange(n, dtype=torch.float32))
     return TrainingRows(token_ids=token_ids, response_mask=response_mask, **(defaults | fields))
 
 
@@ -37,7 +38,7 @@ def test_split_evenly_gives_contiguous_ranges_larger_first() -> None:
 
 
 def test_minibatch_ranges_are_the_in_order_updates() -> None:
-    # spec §6: self first, cross last, not shuffled: update u takes the u-th consecutive block
+    # algorithm.md §6: own first, cross last, not shuffled: update u takes the u-th consecutive block
     assert minibatch_ranges(16, 4) == [range(0, 4), range(4, 8), range(8, 12), range(12, 16)]
     assert minibatch_ranges(10, 3) == [range(0, 4), range(4, 7), range(7, 10)]
     with pytest.raises(ValueError, match="cannot fill 3 updates × 2 data-parallel"):
@@ -91,8 +92,8 @@ def test_training_micro_batch_slices_row_fields_and_token_logprobs() -> None:
     batch = training_micro_batch(rows, [1, 2])
     assert batch.input_ids.shape == (2, 2)
     assert batch.advantages.tolist() == [1.0, 2.0]
-    assert batch.is_cross.tolist() == [True, True]
-    assert batch.behaviour_mean_logprob.tolist() == [-1.0, -2.0]
+    assert batch.cross_objective.tolist() == [True, True] and batch.is_own.tolist() == [False, False]
+    assert batch.old_mean_logprob.tolist() == [-1.0, -2.0]
     assert batch.old_token_logprobs.tolist() == [[3.0, 4.0], [6.0, 7.0]]  # cut to the micro-batch's S = 2
     assert batch.ref_token_logprobs is None
 
@@ -115,18 +116,17 @@ def test_scored_token_counts_are_response_lengths() -> None:
     assert scored_token_counts([[0, 0, 1, 1], [0, 1], [0, 0]]) == [2, 1, 0]
 
 
-def test_training_rows_from_a_broker_view() -> None:
-    view = LearnerView(
-        learner="a", token_ids=[[1, 2, 3], [4, 5]], response_mask=[[0, 1, 1], [0, 1]],
-        advantages=torch.tensor([0.5, -0.5]), is_cross=torch.tensor([False, True]), omega=torch.tensor([1.0, 3.0]),
-        behaviour_mean_logprob=torch.tensor([-1.0, -2.0]), source=torch.tensor([0, 1]),
-        prompt_index=torch.tensor([0, 0]), rewards=torch.tensor([1.0, 0.0]), truncated=torch.tensor([False, False]))
-    rows = TrainingRows.from_view(view)
-    assert rows.token_ids == [[1, 2, 3], [4, 5]] and len(rows) == 2
-    assert rows.is_cross.tolist() == [False, True] and rows.is_self.tolist() == [True, False]
-    assert rows.omega.dtype == torch.float32 and rows.omega.tolist() == [1.0, 3.0]
-    assert rows.old_token_logprobs is None
-    assert TrainingRows.from_view(rows) is rows
+def test_training_rows_check_their_fields() -> None:
+    rows = _rows([[1, 2, 3], [4, 5]], [[0, 1, 1], [0, 1]], omega=torch.tensor([1, 3]))
+    assert rows.omega.dtype == torch.float32 and rows.omega.tolist() == [1.0, 3.0]  # converted once
+    assert len(rows) == 2 and rows.num_own == 1 and rows.old_token_logprobs is None
+    assert rows.replace(advantages=torch.ones(2)).advantages.tolist() == [1.0, 1.0] and rows.advantages[0] == 0.0
+    with pytest.raises(ValueError, match="cross_objective must be a bool tensor"):
+        _rows([[1, 2]], [[0, 1]], cross_objective=torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"old_token_logprobs must have shape \[N, T\]"):
+        _rows([[1, 2]], [[0, 1]], old_token_logprobs=torch.zeros(2, 3))
+    supervised = TrainingRows.supervised([[1, 2, 3]], [[0, 1, 1]])
+    assert supervised.is_own.tolist() == [True] and not supervised.cross_objective.any()
 
 
 def test_padding_to_a_multiple_for_fp8() -> None:

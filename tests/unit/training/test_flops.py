@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_hacpo.models.spec import ModelArch
+from nemo_hacpo.models.architecture import ModelArch
 from nemo_hacpo.training.flops import batch_flops, forward_flops, matmul_params_per_layer
 
 

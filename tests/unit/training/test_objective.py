@@ -1,5 +1,6 @@
-"""One micro-batch's loss share: hand-computed HACPO + KL numbers, and split invariance (the shares of any
-micro-batch split sum to the whole mini-batch's loss and gradient)."""
+"""The trainer's `Objective` and one micro-batch's loss share: hand-computed HACPO + KL numbers, the NLL of the
+warm start, and split invariance (the shares of any micro-batch split sum to the whole mini-batch's loss and
+gradient)."""
 
 from __future__ import annotations
 
@@ -8,31 +9,52 @@ import math
 import pytest
 import torch
 
-from nemo_hacpo.config import AlgoConfig
+from nemo_hacpo.algo.registry import ALGORITHMS
+from nemo_hacpo.config import AblationConfig, AlgoConfig
 from nemo_hacpo.training.batching import MicroBatch
-from nemo_hacpo.training.objective import micro_batch_loss, policy_normaliser, uses_token_normaliser
+from nemo_hacpo.training.objective import LOSSES, Objective, micro_batch_loss
 
 F64 = torch.float64
 
 
-def _batch(mask, advantages, is_cross, omega, behaviour, old=None, ref=None) -> MicroBatch:
+def _batch(mask, advantages, cross_objective, omega, old_mean, old=None, ref=None, is_own=None) -> MicroBatch:
     mask = torch.tensor(mask, dtype=torch.bool)
     zeros = torch.zeros(mask.shape, dtype=torch.long)
+    cross = torch.tensor(cross_objective)
     return MicroBatch(input_ids=zeros, position_ids=zeros, labels=zeros, loss_mask=mask,
                       row_index=torch.arange(mask.shape[0]), advantages=torch.tensor(advantages, dtype=F64),
-                      is_cross=torch.tensor(is_cross), omega=torch.tensor(omega, dtype=F64),
-                      behaviour_mean_logprob=torch.tensor(behaviour, dtype=F64), old_token_logprobs=old,
-                      ref_token_logprobs=ref)
+                      cross_objective=cross, is_own=~cross if is_own is None else torch.tensor(is_own),
+                      omega=torch.tensor(omega, dtype=F64), old_mean_logprob=torch.tensor(old_mean, dtype=F64),
+                      old_token_logprobs=old, ref_token_logprobs=ref)
 
 
-def test_policy_normaliser_counts_sequences_or_tokens() -> None:
-    assert policy_normaliser(AlgoConfig(name="hacpo"), 512, 90000) == 512.0
-    assert policy_normaliser(AlgoConfig(name="gspo"), 512, 90000) == 512.0
-    grpo_tokens = AlgoConfig(name="grpo", grpo_loss_agg="token-mean")
-    assert uses_token_normaliser(grpo_tokens) and policy_normaliser(grpo_tokens, 512, 90000) == 90000.0
-    assert policy_normaliser(AlgoConfig(name="grpo", grpo_loss_agg="seq-mean-token-mean"), 512, 90000) == 512.0
+def _objective(**algo) -> Objective:
+    return Objective.of(AlgoConfig(**algo))
+
+
+def test_objective_of_each_algorithm_follows_its_registry_entry() -> None:
+    assert {name: Objective.of(AlgoConfig(name=name)).loss for name in ALGORITHMS} == {
+        "hacpo": "sequence", "naive": "sequence", "gspo": "sequence", "gspo_x2": "sequence", "grpo": "token"}
+    hacpo = Objective.of(AlgoConfig(name="hacpo", alpha=3.0, delta=0.1, updates_per_step=2, kl_coef=0.01,
+                                    ablation=AblationConfig(cross_clip=False)))
+    assert (hacpo.alpha, hacpo.delta, hacpo.updates_per_step, hacpo.kl_coef, hacpo.cross_clip) == (3.0, 0.1, 2, 0.01,
+                                                                                                   False)
+    assert not hacpo.needs_old_token_logprobs and Objective.of(AlgoConfig(name="grpo")).needs_old_token_logprobs
+    sft = Objective.sft()
+    assert (sft.loss, sft.updates_per_step, sft.kl_coef) == ("nll", 1, 0.0) and set(LOSSES) == {"sequence", "token",
+                                                                                                  "nll"}
+    with pytest.raises(ValueError, match="unknown loss"):
+        Objective(loss="policy")  # type: ignore[arg-type]
+
+
+def test_normaliser_counts_sequences_or_tokens() -> None:
+    assert _objective(name="hacpo").normaliser(512, 90000) == 512.0
+    assert _objective(name="gspo").normaliser(512, 90000) == 512.0
+    grpo_tokens = _objective(name="grpo", grpo_loss_agg="token-mean")
+    assert grpo_tokens.uses_token_normaliser and grpo_tokens.normaliser(512, 90000) == 90000.0
+    assert _objective(name="grpo", grpo_loss_agg="seq-mean-token-mean").normaliser(512, 90000) == 512.0
     with pytest.raises(ValueError, match="no rows"):
-        policy_normaliser(AlgoConfig(name="hacpo"), 0, 10)
+        _objective(name="hacpo").normaliser(0, 10)
 
 
 def test_hacpo_share_with_kl_hand_computed() -> None:
@@ -46,13 +68,13 @@ def test_hacpo_share_with_kl_hand_computed() -> None:
     token_logprobs = torch.tensor([[-1.0, -3.0, junk], [-0.5, junk, junk]], dtype=torch.float64, requires_grad=True)
     ref = torch.tensor([[-1.0, -2.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
     batch = _batch([[1, 1, 0], [1, 0, 0]], [0.5, 1.0], [False, True], [1.0, 2.0], [-2.0, -0.4], ref=ref)
-    loss, metrics = micro_batch_loss(token_logprobs, batch, AlgoConfig(kl_coef=0.1), 0, normaliser=4.0,
+    loss, metrics = micro_batch_loss(token_logprobs, batch, _objective(kl_coef=0.1), 0, normaliser=4.0,
                                      num_sequences=4.0)
     policy = -(0.5 + 2 * math.exp(-0.2)) / 4
     kl = 0.1 * (math.e - 2) / 2 / 4
     assert metrics["policy_loss"].item() == pytest.approx(policy, rel=1e-12)
     assert metrics["kl_loss"].item() == pytest.approx(kl, rel=1e-12)
-    assert metrics["kl_mean"].item() == pytest.approx((math.e - 2) / 2, rel=1e-12)
+    assert metrics["kl_mean"].item() == pytest.approx((math.e - 2) / 2, rel=1e-12) and metrics["num_own"].item() == 1
     assert loss.item() == pytest.approx(policy + kl, rel=1e-12) == metrics["loss"].item()
     assert metrics["num_cross"].item() == 1 and metrics["cross_clip_lower"].item() == pytest.approx(0.8)
     loss.backward()
@@ -69,7 +91,7 @@ def _random_case(num_rows: int, seq_len: int, seed: int):
     behaviour = (torch.where(mask, token_logprobs, 0.0).sum(1) / lengths) + torch.where(
         is_cross, torch.randn(num_rows, generator=generator, dtype=torch.float64) * 0.2, 0.0)
     fields = dict(
-        advantages=torch.randn(num_rows, generator=generator, dtype=torch.float64), is_cross=is_cross,
+        advantages=torch.randn(num_rows, generator=generator, dtype=torch.float64), cross_objective=is_cross,
         omega=torch.rand(num_rows, generator=generator, dtype=torch.float64) + 0.5, behaviour=behaviour,
         old=token_logprobs + torch.randn(num_rows, seq_len, generator=generator, dtype=torch.float64) * 0.1,
         ref=token_logprobs + torch.randn(num_rows, seq_len, generator=generator, dtype=torch.float64) * 0.1)
@@ -79,8 +101,9 @@ def _random_case(num_rows: int, seq_len: int, seed: int):
 def _piece(token_logprobs, mask, fields, rows) -> tuple[torch.Tensor, MicroBatch]:
     return token_logprobs[rows], MicroBatch(
         input_ids=mask[rows].long(), position_ids=mask[rows].long(), labels=mask[rows].long(), loss_mask=mask[rows],
-        row_index=torch.tensor(rows), advantages=fields["advantages"][rows], is_cross=fields["is_cross"][rows],
-        omega=fields["omega"][rows], behaviour_mean_logprob=fields["behaviour"][rows],
+        row_index=torch.tensor(rows), advantages=fields["advantages"][rows],
+        cross_objective=fields["cross_objective"][rows], is_own=~fields["cross_objective"][rows],
+        omega=fields["omega"][rows], old_mean_logprob=fields["behaviour"][rows],
         old_token_logprobs=fields["old"][rows], ref_token_logprobs=fields["ref"][rows])
 
 
@@ -92,14 +115,15 @@ def _piece(token_logprobs, mask, fields, rows) -> tuple[torch.Tensor, MicroBatch
 ], ids=["hacpo", "hacpo_kl", "grpo_token_mean_kl", "grpo_seq_sum"])
 def test_shares_of_any_split_sum_to_the_whole_minibatch(algo: AlgoConfig) -> None:
     token_logprobs, mask, fields = _random_case(num_rows=7, seq_len=6, seed=3)
-    normaliser = policy_normaliser(algo, 7, int(mask.sum()))
+    objective = Objective.of(algo)
+    normaliser = objective.normaliser(7, int(mask.sum()))
 
     def loss_and_grad(splits):
         leaf = token_logprobs.clone().requires_grad_(True)
         total = 0.0
         for rows in splits:
             piece_logprobs, batch = _piece(leaf, mask, fields, rows)
-            loss, _ = micro_batch_loss(piece_logprobs, batch, algo, 1, normaliser=normaliser, num_sequences=7.0)
+            loss, _ = micro_batch_loss(piece_logprobs, batch, objective, 1, normaliser=normaliser, num_sequences=7.0)
             total = total + loss
         total.backward()
         return total.detach(), leaf.grad
@@ -115,10 +139,10 @@ def test_missing_inputs_are_errors() -> None:
     token_logprobs = torch.zeros(1, 2)
     batch = _batch([[1, 1]], [1.0], [False], [1.0], [0.0])
     with pytest.raises(ValueError, match="old token log-probs"):
-        micro_batch_loss(token_logprobs, batch, AlgoConfig(name="grpo", kl_coef=0.0), 0, normaliser=1.0,
+        micro_batch_loss(token_logprobs, batch, _objective(name="grpo", kl_coef=0.0), 0, normaliser=1.0,
                          num_sequences=1.0)
     with pytest.raises(ValueError, match="reference model"):
-        micro_batch_loss(token_logprobs, batch, AlgoConfig(kl_coef=0.1), 0, normaliser=1.0, num_sequences=1.0)
+        micro_batch_loss(token_logprobs, batch, _objective(kl_coef=0.1), 0, normaliser=1.0, num_sequences=1.0)
 
 
 def test_sft_share_is_the_sequence_mean_token_nll() -> None:
@@ -127,9 +151,21 @@ def test_sft_share_is_the_sequence_mean_token_nll() -> None:
     junk = 99.0
     token_logprobs = torch.tensor([[-1.0, -3.0, junk], [-0.5, junk, junk]], dtype=F64, requires_grad=True)
     batch = _batch([[1, 1, 0], [1, 0, 0]], [5.0, -5.0], [False, True], [3.0, 3.0], [0.0, 7.0])  # all unused
-    sft = AlgoConfig(name="sft", kl_coef=0.0)  # type: ignore[arg-type]  # the warm start's internal objective
-    loss, metrics = micro_batch_loss(token_logprobs, batch, sft, 0, normaliser=4.0, num_sequences=4.0)
+    loss, metrics = micro_batch_loss(token_logprobs, batch, Objective.sft(), 0, normaliser=4.0, num_sequences=4.0)
     assert loss.item() == pytest.approx(0.625, rel=1e-12) == metrics["loss"].item() == metrics["policy_loss"].item()
     assert metrics["num_rows"].item() == 2
     loss.backward()
     assert token_logprobs.grad.tolist() == [[-0.125, -0.125, 0.0], [-0.25, 0.0, 0.0]]
+
+
+def test_kl_covers_the_learners_own_rows_only_under_naive_sharing() -> None:
+    # naive: row 1 is another agent's, trained like an own row (no cross objective) but outside the KL term
+    token_logprobs = torch.tensor([[-1.0, -3.0], [-0.5, -0.5]], dtype=F64)
+    ref = torch.tensor([[-1.0, -2.0], [0.0, 0.0]], dtype=F64)
+    batch = _batch([[1, 1], [1, 1]], [0.5, 1.0], [False, False], [1.0, 1.0], [-2.0, -0.5], ref=ref,
+                   is_own=[True, False])
+    _, metrics = micro_batch_loss(token_logprobs, batch, _objective(name="naive", kl_coef=0.1), 0, normaliser=2.0,
+                                  num_sequences=2.0)
+    # only row 0: k3 mean (e − 2)/2, over D = 2 sequences
+    assert metrics["kl_loss"].item() == pytest.approx(0.1 * (math.e - 2) / 2 / 2, rel=1e-12)
+    assert metrics["num_own"].item() == 1 and metrics["num_self"].item() == 2  # the loss's own-objective rows

@@ -1,6 +1,6 @@
 """Packed (THD) forward of a real Megatron `GPTModel` on the local spec equals the padded forward, row by row.
 
-An in-process gloo world of one (TP = PP = 1). Two tiny architectures from `nemo_hacpo.models.spec`:
+An in-process gloo world of one (TP = PP = 1). Two tiny architectures from `nemo_hacpo.models.architecture`:
 Qwen3-like (RMSNorm, SwiGLU, RoPE, GQA 4 heads / 2 groups, QK-norm) — RoPE must restart per segment
 from `cu_seqlens` — and GPT-2-like (LayerNorm, GELU, learned absolute positions, biases, tied embeddings)
 — the restarting `position_ids` must reach the embedding. Rows of 5, 9, 3 and 7 tokens; logits at every
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from nemo_hacpo.config import ParallelConfig, PrecisionConfig, TinyModelSpec
-from nemo_hacpo.models.spec import arch_from_tiny, build_gpt_model, transformer_config
+from nemo_hacpo.models.architecture import arch_from_tiny, build_gpt_model, transformer_config
 from nemo_hacpo.training.batching import pad_micro_batch
 from nemo_hacpo.training.packing import pack_rows, unpack_index
 from tests.helpers.megatron_setup import gloo_world_of_one, megatron_parallel_state

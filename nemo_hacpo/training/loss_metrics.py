@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -30,7 +31,8 @@ REDUCTIONS: dict[str, Reduction] = {
     "loss": "loss",
     "policy_loss": "loss",
     "kl_loss": "loss",
-    "kl_mean": ("mean", "num_self"),
+    "kl_mean": ("mean", "num_own"),
+    "num_own": "sum",  # the learner's own rows (the KL term's set)
     # hacpo_loss (also gspo / naive)
     "num_rows": "sum",
     "num_self": "sum",
@@ -70,7 +72,7 @@ GRPO_TOKEN_METRICS = ("adv_abs_mean",)
 def reduction_of(name: str, token_level: bool = False) -> Reduction:
     """The reduction of metric `name`; `token_level` for grpo, whose `adv_abs_mean` is over tokens."""
     if name not in REDUCTIONS:
-        raise KeyError(f"no reduction registered for metric {name!r}; add it to training.metrics.REDUCTIONS")
+        raise KeyError(f"no reduction registered for metric {name!r}; add it to training.loss_metrics.REDUCTIONS")
     if token_level and name in GRPO_TOKEN_METRICS:
         return ("mean", "num_tokens")
     return REDUCTIONS[name]
@@ -172,3 +174,41 @@ def reduce_metrics(accumulator: MetricAccumulator, dp_group, pp_group=None, pp_l
         dist.broadcast(packed, src=pp_last_rank, group=pp_group)
         for target, source in zip((sums, weights, mins, maxs, seen), packed.chunk(5), strict=True):
             target.copy_(source)
+
+
+@dataclass(frozen=True)
+class TrainMetrics:
+    """What one train call reports; the same on every rank (the worker returns rank 0's across Ray).
+
+    `flat()` gives the `<agent>/train/<name>` metrics of the run: every loss statistic of `objective` plus
+    `loss_u{u}`, `lr`, `grad_norm`, `grad_norm_max`, `step_time_s`, `tokens_per_s`, `tflops_per_gpu`.
+    """
+
+    loss: float
+    """Mean over the updates of the mini-batch loss (policy + KL)."""
+    loss_per_update: tuple[float, ...]
+    """The mini-batch loss of each update u."""
+    grad_norm: float
+    """Mean over the updates of the gradient norm before clipping."""
+    grad_norm_max: float
+    """Largest gradient norm of the step's updates."""
+    lr: float
+    """Learning rate of the last update."""
+    step_time_s: float
+    """Wall time of the call."""
+    tokens_per_s: float
+    """All tokens of the rows (prompt included) per second of the call."""
+    tflops_per_gpu: float
+    """Model FLOPs of the updates and of the call's own no-grad passes, per second and rank (`training.flops`)."""
+    own_ratio_u0: float = math.nan
+    """Mean ratio of the own rows (token level: of the tokens) in the first update, where the weights are still
+    the sampling weights: 1 up to float noise when m_old (or the old token log-probs) is right."""
+    objective: dict[str, float] = field(default_factory=dict)
+    """Every statistic of the loss combined over the step's rows (`REDUCTIONS`): policy_loss, kl_loss, num_rows,
+    self/cross ratios and clip fractions, …"""
+
+    def flat(self) -> dict[str, float]:
+        return {**self.objective, **{f"loss_u{u}": v for u, v in enumerate(self.loss_per_update)},
+                "own_ratio_u0": self.own_ratio_u0, "lr": self.lr,
+                "grad_norm": self.grad_norm, "grad_norm_max": self.grad_norm_max, "step_time_s": self.step_time_s,
+                "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu}

@@ -1,12 +1,12 @@
-"""Metric sinks for the step loop: a console step line with rate and ETA, JSONL, TensorBoard; curves as plots.
+"""Metric sinks of the step loop: a console step line with rate and ETA, JSONL, TensorBoard, wandb.
 
     logger = MetricsLogger(out_dir, sinks=("console", "jsonl", "tensorboard"), total_steps=100)
     logger.log(step, {"llama_tiny/reward_mean": 0.4, ...})
     logger.close()
-    write_curves(out_dir / "metrics.jsonl", out_dir / "reward_curve.png", keys=["*/reward_mean"])
 
 Metric names are `<agent>/<group>/<name>` (or `<agent>/<name>`); values are python floats (0-d tensors are
-converted). The JSONL file is the source of truth: tables and plots are made from it after the fact.
+converted). The JSONL file is the source of truth: tables and plots are made from it after the fact
+(`nemo_hacpo.reporting`).
 """
 
 from __future__ import annotations
@@ -16,26 +16,13 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from nemo_hacpo.reporting import format_duration, to_float
+
 SINKS = ("console", "jsonl", "tensorboard", "wandb")
-
-
-def to_float(value: Any) -> float:
-    if hasattr(value, "item"):
-        value = value.item()
-    return float(value)
-
-
-def format_duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def drop_records_after(path: str | Path, step: int) -> int:
@@ -178,99 +165,3 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class CrossPathMonitor:
-    """Names an agent whose cross samples have given no gradient for `patience` steps in a row.
-
-    A cross sample gets zero gradient when its ratio s falls outside ``[lo_u, 1]`` (`spec/hacpo.md` §5). When
-    that holds for every cross row, step after step, the agent learns from its own rollouts only and the
-    run is, for it, GSPO with HACPO's baseline: worth saying once, with the numbers, rather than leaving it
-    to be found in `train/cross_zero_grad_frac`. Reads the step's metrics; returns the warnings it issues
-    (at most one per agent per run).
-    """
-
-    def __init__(self, agents: Sequence[str], patience: int = 3):
-        if patience < 1:
-            raise ValueError(f"patience must be >= 1, got {patience}")
-        self.patience = patience
-        self.streak = {a: 0 for a in agents}
-        self.warned: set[str] = set()
-
-    def update(self, metrics: Mapping[str, float]) -> list[str]:
-        messages = []
-        for agent in self.streak:
-            num_cross = metrics.get(f"{agent}/train/num_cross", 0.0)
-            zero_frac = metrics.get(f"{agent}/train/cross_zero_grad_frac")
-            if not num_cross or zero_frac is None:  # isolated modes, or no cross rows this step
-                self.streak[agent] = 0
-                continue
-            self.streak[agent] = self.streak[agent] + 1 if zero_frac >= 1.0 else 0
-            if self.streak[agent] >= self.patience and agent not in self.warned:
-                self.warned.add(agent)
-                ratio = metrics.get(f"{agent}/train/cross_ratio_mean", float("nan"))
-                lower = metrics.get(f"{agent}/train/cross_clip_lower", float("nan"))
-                messages.append(
-                    f"{agent}: every cross sample got zero gradient for {self.streak[agent]} steps in a row "
-                    f"(mean ratio s = {ratio:.3g}, clip range [{lower:.3g}, 1]); it learns from its own rollouts "
-                    f"only. Its policy and its partners' are too far apart for the stepwise clip "
-                    f"(README: 'Does HACPO beat isolated training?').")
-        return messages
-
-
-def read_metrics(path: str | Path) -> list[dict[str, float]]:
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no metrics file at {path}")
-    with path.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def select_series(records: Iterable[Mapping[str, float]], patterns: Sequence[str]) -> dict[str, list[tuple[int, float]]]:
-    """`{metric: [(step, value), ...]}` for every metric matching one of the glob patterns."""
-    series: dict[str, list[tuple[int, float]]] = {}
-    for record in records:
-        for key, value in record.items():
-            if key in ("step", "time"):
-                continue
-            if any(fnmatch.fnmatchcase(key, p) for p in patterns):
-                series.setdefault(key, []).append((int(record["step"]), float(value)))
-    return series
-
-
-def write_curves(metrics_path: str | Path, plot_path: str | Path, patterns: Sequence[str],
-                 title: str = "", ylabel: str = "") -> Path:
-    """Plot every metric matching `patterns` against the step (PNG, matplotlib's Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = select_series(read_metrics(metrics_path), patterns)
-    if not series:
-        raise ValueError(f"no metric in {metrics_path} matches {list(patterns)}")
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key, points in sorted(series.items()):
-        steps, values = zip(*points, strict=True)
-        ax.plot(steps, values, marker="o", markersize=3, label=key)
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel or ", ".join(patterns))
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    plot_path = Path(plot_path)
-    plot_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(plot_path, dpi=120)
-    plt.close(fig)
-    return plot_path
-
-
-def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
-    """A markdown table; floats to 3 decimals."""
-    def cell(value: Any) -> str:
-        return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|"]
-    lines += ["| " + " | ".join(cell(row.get(c, "")) for c in columns) + " |" for row in rows]
-    return "\n".join(lines)

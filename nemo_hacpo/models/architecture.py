@@ -371,8 +371,9 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, precision: Pre
                        device: Literal["cpu", "cuda"] = "cpu", **overrides: Any):
     """Megatron `TransformerConfig` for `arch` under the agent's layout and numerics.
 
-    CPU: fp32, no fusions, no sequence parallel (spec/cpu-notes.md). CUDA: the dtype asked for, fusions on,
-    and FP8 (format, recipe, fp8_param, BF16 first/last layers) mapped onto Megatron's fields.
+    CPU: fp32, no fusions (their kernels need CUDA), no sequence parallel (torch's LayerNorm refuses it on CPU).
+    CUDA: the dtype asked for, fusions on, and FP8 (format, recipe, fp8_param, BF16 first/last layers) mapped onto
+    Megatron's fields.
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 

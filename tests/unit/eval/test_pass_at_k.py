@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nemo_hacpo.eval.metrics import (
+from nemo_hacpo.eval.pass_at_k import (
     avg_at_k,
     correct_count,
     default_pass_ks,

@@ -25,9 +25,12 @@ from tests.integration.training.tiny_setup import (
     assemble_full,
     comparable_metrics,
     local_parameters,
+    mean_logprobs,
+    plain_rows,
     tiny_agent,
     tiny_arch,
     token_rows,
+    train,
     training_rows,
 )
 
@@ -63,14 +66,9 @@ def _trainer(tp: int, dp: int, seed: int, distributed_optimizer: bool):
 
 
 def _rows(trainer):
-    from nemo_hacpo.training import TrainingRows
-
     token_ids, response_mask = token_rows(seed=3)
-    n = len(token_ids)
-    plain = TrainingRows(token_ids=token_ids, response_mask=response_mask, advantages=torch.zeros(n),
-                         is_cross=torch.zeros(n, dtype=torch.bool), omega=torch.ones(n),
-                         behaviour_mean_logprob=torch.zeros(n))
-    return training_rows(trainer.compute_mean_logprobs(plain), seed=3)
+    plain = plain_rows(token_ids, response_mask)
+    return training_rows(mean_logprobs(trainer, plain), seed=3)
 
 
 def save_rank(directory: str) -> dict:
@@ -79,9 +77,9 @@ def save_rank(directory: str) -> dict:
     for label, (tp, dp) in LAYOUTS.items():
         trainer = _trainer(tp, dp, seed=1234, distributed_optimizer=dp > 1)
         rows = _rows(trainer)
-        trainer.train_step(rows, _algo(), step=0)
+        train(trainer, rows, _algo(), step=0)
         trainer.save_checkpoint(f"{directory}/{label}", step=0)
-        metrics = trainer.train_step(rows, _algo(), step=1)
+        metrics = train(trainer, rows, _algo(), step=1)
         trainer.save_checkpoint(f"{directory}/{label}-replaced", step=0)
         trainer.save_checkpoint(f"{directory}/{label}-replaced", step=1)  # replaces the first
         out[label] = {"rows": rows, "metrics": comparable_metrics(metrics), "weights": local_parameters(trainer)}
@@ -96,7 +94,7 @@ def load_rank(directory: str, rows_by_label: dict, tp: int | None = None, dp: in
         # The optimizer kind stays (Megatron's distributed and plain optimizer states are different formats).
         trainer = _trainer(tp or saved_tp, dp or saved_dp, seed=4321, distributed_optimizer=saved_dp > 1)
         meta = trainer.load_checkpoint(f"{directory}/{label}")
-        metrics = trainer.train_step(rows_by_label[label], _algo(), step=1)
+        metrics = train(trainer, rows_by_label[label], _algo(), step=1)
         out[label] = {"meta": meta, "metrics": comparable_metrics(metrics), "weights": local_parameters(trainer),
                       "updates_done": trainer.updates_done}
         trainer.close()
@@ -110,11 +108,11 @@ def single_rank(directory: str, rows_by_label: dict) -> dict:
     # A never-updated trainer saves no optimizer state; loading it gives the same weights and next step.
     fresh = _trainer(1, 1, seed=5, distributed_optimizer=False)
     fresh.save_checkpoint(f"{directory}/fresh")
-    fresh_metrics = fresh.train_step(rows_by_label["tp2"], _algo(), step=0)
+    fresh_metrics = train(fresh, rows_by_label["tp2"], _algo(), step=0)
     fresh.close()
     reloaded = _trainer(1, 1, seed=6, distributed_optimizer=False)
     reloaded.load_checkpoint(f"{directory}/fresh")
-    reloaded_metrics = reloaded.train_step(rows_by_label["tp2"], _algo(), step=0)
+    reloaded_metrics = train(reloaded, rows_by_label["tp2"], _algo(), step=0)
     reloaded.close()
 
     # Plain optimizer state into a distributed optimizer: a clear error, not a KeyError deep in Megatron.

@@ -20,7 +20,7 @@ from typing import Any
 DRIVER_FILE = "driver.json"
 
 RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "summary.md", "reward_curve.png",
-                 "eval_accuracy.png", "hf", "eval")
+                 "eval_accuracy.png", "hf", "eval", "engines", "logs")
 """What a run writes into its output directory that belongs to that run (config.yaml is rewritten at start)."""
 
 
@@ -61,9 +61,9 @@ def save_run_checkpoint(out_dir: str | Path, step: int, driver_state: dict[str, 
     tmp = root / f"step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "agents").mkdir(parents=True)
-    futures = {name: group.call_all("save", str(tmp / "agents" / name), step) for name, group in groups.items()}
-    for name, futs in futures.items():
-        groups[name].get(futs, "save")
+    pending = {name: group.save_checkpoint(str(tmp / "agents" / name), step) for name, group in groups.items()}
+    for call in pending.values():
+        call.result()
     (tmp / DRIVER_FILE).write_text(json.dumps(driver_state, indent=1))
     if final.exists():
         shutil.rmtree(final)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nemo_hacpo.algo import grpo_token_loss, hacpo_loss
-from nemo_hacpo.training.metrics import REDUCTIONS, MetricAccumulator, reduction_of
+from nemo_hacpo.training.loss_metrics import REDUCTIONS, MetricAccumulator, reduction_of
 
 NAN = float("nan")
 HACPO_KW = dict(alpha=1.0, delta=0.2, delta_step=0.025, eps_low=3e-4, eps_high=4e-4)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from nemo_hacpo.config import ParallelConfig, PrecisionConfig, TinyModelSpec, load_config
-from nemo_hacpo.models.spec import (
+from nemo_hacpo.models.architecture import (
     ModelArch,
     arch_from_hf,
     arch_from_hf_config,

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from nemo_hacpo.rewards.math import RewardReason, ScoredAnswer, VerifyLimits
-from nemo_hacpo.rewards.pool import MathRewardScorer, RewardBatch, count_reasons
+from nemo_hacpo.rewards.scorer import MathRewardScorer, RewardBatch, count_reasons
 
 TIMEOUT_S = 1.0
 KILL_GRACE_S = 0.5
@@ -175,7 +175,7 @@ def test_cumulative_metrics(scorer: MathRewardScorer) -> None:
 
 
 def test_invalid_gold_is_logged_once(scorer: MathRewardScorer, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="nemo_hacpo.rewards.pool"):
+    with caplog.at_level("WARNING", logger="nemo_hacpo.rewards.scorer"):
         scorer.score(["\\boxed{1}"] * 3, ["\\frac{{{"] * 3)
     assert caplog.text.count("invalid gold") == 1
 

@@ -1,0 +1,279 @@
+"""Validation rules: every check that can run before a process starts, each problem reported with its fix.
+
+`validate(raw)` turns a composed config into `HacpoConfig` or raises one `ConfigError` listing every problem.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from nemo_hacpo.algo.registry import ALGORITHMS
+from nemo_hacpo.config.schema import AgentConfig, HacpoConfig, RuntimeConfig
+from nemo_hacpo.config.typed import ConfigError, ConfigIssue, from_plain
+
+
+# ----------------------------------------------------------------------------------------- validation
+def _model_shape(agent: AgentConfig) -> dict[str, int] | None:
+    """Heads, KV heads and layers of an agent's model when knowable before start-up."""
+    model = agent.model
+    if model.source == "tiny":
+        spec = model.tiny
+        return {"heads": spec.num_attention_heads, "kv_heads": spec.num_query_groups or spec.num_attention_heads,
+                "layers": spec.num_layers}
+    if model.source == "hf" and model.path and (Path(model.path) / "config.json").is_file():
+        hf = json.loads((Path(model.path) / "config.json").read_text())
+        heads = hf.get("num_attention_heads")
+        return {"heads": heads, "kv_heads": hf.get("num_key_value_heads", heads), "layers": hf.get("num_hidden_layers")}
+    return None
+
+
+def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
+    key = f"agents[{i}]"
+    par, model = agent.parallel, agent.model
+    for name in ("tp", "pp", "cp", "dp", "micro_batch_size"):
+        if getattr(par, name) < 1:
+            out.append(ConfigIssue(f"{key}.parallel.{name}", f"must be ≥ 1, got {getattr(par, name)}", "use 1 or more"))
+    if par.cp != 1:
+        out.append(ConfigIssue(f"{key}.parallel.cp", f"context parallelism ({par.cp}) is not supported yet",
+                               "set cp: 1 and use tp/pp for long sequences"))
+    if par.sequence_parallel and par.tp == 1:
+        out.append(ConfigIssue(f"{key}.parallel.sequence_parallel", "needs tp > 1", "set tp ≥ 2 or turn it off"))
+
+    if model.source == "hf" and not model.path:
+        out.append(ConfigIssue(f"{key}.model.path", "source is 'hf' but no path is given",
+                               "set it to a local HF checkpoint directory"))
+    elif model.source == "hf" and not (Path(model.path) / "config.json").is_file():
+        out.append(ConfigIssue(f"{key}.model.path", f"no config.json in {model.path!r} (nothing is downloaded)",
+                               "point it at a local HF checkpoint directory"))
+    if model.source == "recipe" and not model.recipe:
+        out.append(ConfigIssue(f"{key}.model.recipe", "source is 'recipe' but no recipe name is given",
+                               "set a Megatron-Bridge / NeMo recipe name"))
+
+    shape = _model_shape(agent)
+    if shape and all(isinstance(v, int) and v > 0 for v in shape.values()):
+        if shape["heads"] % par.tp:
+            out.append(ConfigIssue(f"{key}.parallel.tp", f"tp={par.tp} does not divide {shape['heads']} attention heads",
+                                   f"use a tp that divides {shape['heads']}"))
+        if shape["kv_heads"] % par.tp:
+            out.append(ConfigIssue(f"{key}.parallel.tp", f"tp={par.tp} does not divide {shape['kv_heads']} KV heads",
+                                   f"use a tp that divides {shape['kv_heads']}"))
+        if shape["heads"] % shape["kv_heads"]:
+            out.append(ConfigIssue(f"{key}.model.tiny.num_query_groups",
+                                   f"{shape['kv_heads']} KV heads do not divide {shape['heads']} heads",
+                                   "use a divisor of num_attention_heads"))
+        if shape["layers"] % par.pp:
+            out.append(ConfigIssue(f"{key}.parallel.pp", f"pp={par.pp} does not divide {shape['layers']} layers",
+                                   f"use a pp that divides {shape['layers']}"))
+    if model.source == "tiny":
+        spec = model.tiny
+        if spec.hidden_size % spec.num_attention_heads:
+            out.append(ConfigIssue(f"{key}.model.tiny.hidden_size", "not divisible by num_attention_heads",
+                                   "make hidden_size a multiple of the head count"))
+        need = agent.max_prompt_length + agent.max_response_length
+        if need > spec.max_position_embeddings:
+            out.append(ConfigIssue(f"{key}.model.tiny.max_position_embeddings",
+                                   f"{spec.max_position_embeddings} < max_prompt_length + max_response_length = {need}",
+                                   f"raise it to ≥ {need} or shorten the lengths"))
+
+    for name in ("max_prompt_length", "max_response_length"):
+        if getattr(agent, name) < 1:
+            out.append(ConfigIssue(f"{key}.{name}", "must be ≥ 1", "use a positive token count"))
+
+    roll = agent.rollout
+    if roll.temperature <= 0:
+        out.append(ConfigIssue(f"{key}.rollout.temperature", "must be > 0 for RL sampling", "use e.g. 1.0"))
+    if not 0 < roll.top_p <= 1:
+        out.append(ConfigIssue(f"{key}.rollout.top_p", f"must be in (0, 1], got {roll.top_p}", "use e.g. 1.0"))
+    if not 0 < roll.gpu_memory_utilization <= 1:
+        out.append(ConfigIssue(f"{key}.rollout.gpu_memory_utilization", "must be in (0, 1]", "use e.g. 0.5"))
+    if roll.tensor_parallel_size < 1:
+        out.append(ConfigIssue(f"{key}.rollout.tensor_parallel_size", "must be ≥ 1", "use 1 or more"))
+
+    opt = agent.optimizer
+    if opt.lr <= 0 or opt.min_lr < 0 or opt.min_lr > opt.lr:
+        out.append(ConfigIssue(f"{key}.optimizer.lr", f"need 0 ≤ min_lr ≤ lr and lr > 0 (lr={opt.lr}, min_lr={opt.min_lr})",
+                               "fix the learning rates"))
+
+    prec, device = agent.precision, cfg.runtime.cluster.device
+    if device == "cpu" and prec.dtype != "fp32":
+        out.append(ConfigIssue(f"{key}.precision.dtype", f"{prec.dtype} training is not supported on CPU",
+                               "use fp32 on CPU (bf16/fp16 on GPU)"))
+    if prec.fp8 is not None:
+        if device != "cuda":
+            out.append(ConfigIssue(f"{key}.precision.fp8", "FP8 needs CUDA and Transformer Engine",
+                                   "set precision.fp8: null on CPU"))
+        if prec.dtype == "fp32":
+            out.append(ConfigIssue(f"{key}.precision.dtype", "FP8 runs with a bf16/fp16 base dtype", "set dtype: bf16"))
+        if prec.fp8_recipe == "delayed" and prec.first_last_layers_bf16:
+            out.append(ConfigIssue(f"{key}.precision.first_last_layers_bf16",
+                                   "Megatron's delayed FP8 scaling cannot keep the first/last layers in BF16",
+                                   "set first_last_layers_bf16: false, or use fp8_recipe: blockwise / tensorwise"))
+        if prec.fp8_param and not opt.use_distributed_optimizer:
+            out.append(ConfigIssue(f"{key}.precision.fp8_param", "FP8 parameters need the distributed optimizer",
+                                   "set optimizer.use_distributed_optimizer: true"))
+    if device == "cpu" and par.sequence_parallel:
+        out.append(ConfigIssue(f"{key}.parallel.sequence_parallel", "not supported on CPU", "set it to false"))
+
+    seqs = cfg.algo.sequences_per_learner(len(cfg.agents))
+    updates = cfg.algo.updates_per_step
+    if updates >= 1 and seqs % updates == 0:
+        per_update = seqs // updates
+        if per_update % (par.dp * par.micro_batch_size):
+            out.append(ConfigIssue(f"{key}.parallel.micro_batch_size",
+                                   f"an update's {per_update} sequences do not split into dp={par.dp} × "
+                                   f"micro_batch_size={par.micro_batch_size}",
+                                   f"choose dp · micro_batch_size dividing {per_update}"))
+
+
+def _check_engines(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
+    """Colocated engines use the trainer's GPUs: vLLM TP groups of T consecutive ranks on one node."""
+    if cfg.runtime.cluster.device != "cuda":
+        return
+    key, tp, world = f"agents[{i}].rollout", agent.rollout.tensor_parallel_size, agent.parallel.world_size
+    if not agent.rollout.colocated:
+        out.append(ConfigIssue(f"{key}.colocated", "engines on separate GPUs are not placed by the runtime yet",
+                               "use rollout.colocated: true (engines sleep while their GPUs train)"))
+    elif world % tp:
+        out.append(ConfigIssue(f"{key}.tensor_parallel_size", f"{tp} does not divide the agent's {world} trainer "
+                               "ranks (each engine runs on the GPUs of T consecutive ranks)",
+                               "choose a divisor of tp·pp·cp·dp"))
+    elif cfg.runtime.cluster.gpus_per_node and cfg.runtime.cluster.gpus_per_node % tp:
+        out.append(ConfigIssue(f"{key}.tensor_parallel_size", f"{tp} does not divide gpus_per_node="
+                               f"{cfg.runtime.cluster.gpus_per_node} (a vLLM TP group must stay on one node)",
+                               "choose a divisor of the GPUs per node"))
+
+
+def _check_offload(i: int, agent: AgentConfig, out: list[ConfigIssue]) -> None:
+    if agent.offload_reference and agent.precision.fp8_param:
+        out.append(ConfigIssue(f"agents[{i}].offload_reference", "not supported with precision.fp8_param",
+                               "turn one of them off"))
+
+
+def _check_algo(cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
+    algo, n = cfg.algo, len(cfg.agents)
+    shares = algo.algorithm.shares_rollouts
+    if shares and n < 2:
+        out.append(ConfigIssue("agents", f"algo '{algo.name}' shares rollouts and needs ≥ 2 agents, got {n}",
+                               "add an agent or use algo=gspo"))
+    if algo.group_size < 2:
+        out.append(ConfigIssue("algo.group_size", f"G={algo.group_size}: a group baseline needs ≥ 2 responses",
+                               "use group_size ≥ 2 (paper: 8)"))
+    if algo.batch_size < 1:
+        out.append(ConfigIssue("algo.batch_size", "must be ≥ 1", "use a positive prompt count"))
+    if not 0 < algo.delta < 1:
+        out.append(ConfigIssue("algo.delta", f"δ={algo.delta} must lie in (0, 1)", "use e.g. 0.2 (lower bound 0.8)"))
+    for name in ("alpha", "delta_step", "kl_coef", "eps_low", "eps_high", "grpo_eps_low", "grpo_eps_high"):
+        if getattr(algo, name) < 0:
+            out.append(ConfigIssue(f"algo.{name}", "must be ≥ 0", "use a non-negative value"))
+    if not 0 < algo.ratio_min <= 1 <= algo.ratio_max:
+        out.append(ConfigIssue("algo.ratio_min", f"need 0 < ratio_min ≤ 1 ≤ ratio_max, got [{algo.ratio_min}, "
+                               f"{algo.ratio_max}]", "use the defaults 0.1 and 10"))
+    if algo.capability_window < 1:
+        out.append(ConfigIssue("algo.capability_window", "must be ≥ 1", "use e.g. 5"))
+    if algo.updates_per_step < 1:
+        out.append(ConfigIssue("algo.updates_per_step", "must be ≥ 1", "use e.g. 4"))
+    else:
+        seqs = algo.sequences_per_learner(n)
+        if seqs % algo.updates_per_step:
+            out.append(ConfigIssue("algo.updates_per_step",
+                                   f"{algo.updates_per_step} updates do not divide the {seqs} training sequences per "
+                                   f"learner ({'n·' if shares else ''}B·G)",
+                                   "choose a divisor (or change batch_size / group_size)"))
+
+
+def _check_resources(cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
+    cluster = cfg.runtime.cluster
+    if cluster.device != "cuda":
+        return
+    gpus = cluster.num_nodes * cluster.gpus_per_node
+    need = 0
+    for agent in cfg.agents:
+        need += agent.parallel.world_size
+        if not agent.rollout.colocated:
+            need += agent.rollout.tensor_parallel_size
+    if need > gpus:
+        out.append(ConfigIssue("runtime.cluster.gpus_per_node",
+                               f"the agents' layouts need {need} GPUs but the cluster has {cluster.num_nodes} × "
+                               f"{cluster.gpus_per_node} = {gpus}",
+                               "add nodes or shrink tp/pp/dp (or colocate the rollout engines)"))
+
+
+def _check_runtime(rt: RuntimeConfig, out: list[ConfigIssue]) -> None:
+    if rt.steps < 1:
+        out.append(ConfigIssue("runtime.steps", "must be ≥ 1", "use a positive step count"))
+    if rt.eval_samples < 0:
+        out.append(ConfigIssue("runtime.eval_samples", "must be ≥ 0", "0 = greedy only, or e.g. 8"))
+    for key in ("collective_timeout_s", "call_timeout_s"):
+        if getattr(rt, key) <= 0:
+            out.append(ConfigIssue(f"runtime.{key}", "must be > 0 seconds", "use e.g. 1800"))
+    if "wandb" in rt.logging:
+        if importlib.util.find_spec("wandb") is None:
+            out.append(ConfigIssue("runtime.logging", "'wandb' is listed but the wandb package is not installed",
+                                   "pip install wandb, or drop wandb from runtime.logging"))
+        if not rt.wandb_project:
+            out.append(ConfigIssue("runtime.wandb_project", "must be set when runtime.logging has wandb",
+                                   "pass runtime.wandb_project=<project>"))
+
+
+def validate(raw: Any) -> HacpoConfig:
+    """Turn a composed config (DictConfig or plain dict) into a `HacpoConfig`, or raise `ConfigError`."""
+    try:
+        from omegaconf import DictConfig, OmegaConf
+        if isinstance(raw, DictConfig):
+            raw = OmegaConf.to_container(raw, resolve=True, throw_on_missing=False)
+    except ImportError:  # pragma: no cover - hydra is a core dependency
+        pass
+    issues: list[ConfigIssue] = []
+    _find_missing(raw, "", issues)
+    if issues:
+        raise ConfigError(issues)
+    cfg = from_plain(HacpoConfig, raw, "", issues)
+    if issues:
+        raise ConfigError(issues)
+    if cfg.algo.name not in ALGORITHMS:  # every later rule asks the algorithm's registry entry
+        raise ConfigError([ConfigIssue("algo.name", f"unknown algorithm {cfg.algo.name!r}",
+                                       f"choose one of {sorted(ALGORITHMS)} (conf/algo/<name>.yaml)")])
+    names = [agent.name for agent in cfg.agents]
+    for i, name in enumerate(names):
+        if not name or not name.replace("_", "").replace("-", "").isalnum():
+            issues.append(ConfigIssue(f"agents[{i}].name", f"{name!r} is not a valid name",
+                                      "use letters, digits, '-' and '_'"))
+        elif name in names[:i]:
+            issues.append(ConfigIssue(f"agents[{i}].name", f"duplicate agent name {name!r}", "give every agent a unique name"))
+    _check_algo(cfg, issues)
+    for i, agent in enumerate(cfg.agents):
+        _check_agent(i, agent, cfg, issues)
+        _check_offload(i, agent, issues)
+        _check_engines(i, agent, cfg, issues)
+    _check_resources(cfg, issues)
+    _check_runtime(cfg.runtime, issues)
+    if cfg.warmstart.enabled and (cfg.warmstart.steps < 1 or cfg.warmstart.batch_size < 1 or cfg.warmstart.lr <= 0):
+        issues.append(ConfigIssue("warmstart", "steps and batch_size must be ≥ 1 and lr > 0", "fix the warm start"))
+    if cfg.reward.timeout_s <= 0:
+        issues.append(ConfigIssue("reward.timeout_s", "must be > 0", "use e.g. 5.0"))
+    for split in ("train", "eval"):
+        ds = getattr(cfg.data, split)
+        if ds.source in ("jsonl", "parquet") and not ds.path:
+            issues.append(ConfigIssue(f"data.{split}.path", f"source '{ds.source}' needs a path", "set a local file path"))
+        if ds.source == "arithmetic" and (not ds.levels or any(lv not in (1, 2, 3) for lv in ds.levels)):
+            issues.append(ConfigIssue(f"data.{split}.levels", f"levels {list(ds.levels)} must be a non-empty subset of 1..3",
+                                      "use e.g. [1, 2, 3]"))
+    if issues:
+        raise ConfigError(issues)
+    return cfg
+
+
+def _find_missing(node: Any, key: str, out: list[ConfigIssue]) -> None:
+    """Report OmegaConf's `???` (mandatory value) placeholders, e.g. a checkpoint path left for the user."""
+    if node == "???":
+        env = " (or the environment variable named in the YAML)"
+        out.append(ConfigIssue(key, "mandatory value is not set", f"pass {key}=...{env}"))
+    elif isinstance(node, dict):
+        for k, v in node.items():
+            _find_missing(v, f"{key}.{k}" if key else str(k), out)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            _find_missing(v, f"{key}[{i}]", out)

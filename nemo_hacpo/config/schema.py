@@ -1,0 +1,425 @@
+"""The configuration schema: frozen dataclasses, one docstring per field (`describe()` prints them).
+
+`nemo_hacpo.config.validate` fills these from a composed Hydra config; nothing else constructs them from YAML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from nemo_hacpo.algo.registry import Algorithm, algorithm
+
+
+# --------------------------------------------------------------------------------------------- agents
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """A small GPT built from scratch (tests and `pair_tiny`)."""
+
+    num_layers: int = 2
+    """Transformer layers."""
+    hidden_size: int = 128
+    """Model width."""
+    num_attention_heads: int = 2
+    """Query heads. vLLM's CPU kernels need head_dim = hidden_size / heads = 64 (or 128)."""
+    num_query_groups: int | None = None
+    """KV heads (GQA); null = one per attention head (plain MHA)."""
+    ffn_hidden_size: int = 512
+    """MLP inner width (per branch for SwiGLU)."""
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    """Normalisation layer."""
+    activation: Literal["swiglu", "gelu"] = "swiglu"
+    """MLP activation: SwiGLU (gated SiLU) or GELU."""
+    position_embedding: Literal["rope", "learned_absolute"] = "rope"
+    """Position encoding: rotary or learned absolute."""
+    rotary_base: int = 10000
+    """RoPE base (ignored for learned positions)."""
+    tie_embeddings: bool = False
+    """Share the input embedding with the output layer."""
+    qk_layernorm: bool = False
+    """Normalise queries and keys per head (Qwen3-style)."""
+    max_position_embeddings: int = 512
+    """Longest sequence (prompt + response) the model accepts."""
+    init_std: float = 0.02
+    """Std of the normal initialisation."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where an agent's weights and architecture come from."""
+
+    source: Literal["tiny", "hf", "recipe"] = "tiny"
+    """`tiny`: built-in spec below; `hf`: local Hugging Face checkpoint (`path`); `recipe`: NeMo-framework recipe."""
+    path: str | None = None
+    """Local HF checkpoint directory (config.json + safetensors) for `source: hf`. Never downloaded."""
+    recipe: str | None = None
+    """Megatron-Bridge / NeMo 2 recipe name for `source: recipe` (needs that library installed)."""
+    tiny: TinyModelSpec = field(default_factory=TinyModelSpec)
+    """Architecture for `source: tiny`."""
+
+
+@dataclass(frozen=True)
+class TokenizerConfig:
+    """The agent's own tokenizer and chat template."""
+
+    source: str = "tiny-bpe"
+    """`tiny-bpe`, `tiny-unigram` (built and cached locally), `qwen3`, `gpt2` (shipped by pip packages), a local
+    directory, or null-equivalent `model` to use the HF checkpoint's own tokenizer."""
+    chat_template: str | None = None
+    """Jinja chat template overriding the tokenizer's own; null keeps the tokenizer's."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Megatron-core layout of one agent's trainer. World size = tp · pp · cp · dp ranks (GPUs)."""
+
+    tp: int = 1
+    """Tensor-parallel size; must divide attention heads and KV heads."""
+    pp: int = 1
+    """Pipeline-parallel size; must divide the number of layers."""
+    cp: int = 1
+    """Context-parallel size (only 1 is supported so far)."""
+    dp: int = 1
+    """Data-parallel size."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism (needs tp > 1; GPU only)."""
+    micro_batch_size: int = 1
+    """Sequences per micro-batch in forward/backward."""
+    sequence_packing: bool = False
+    """Padding-free micro-batches: each micro-batch's rows run as one packed (THD) sequence with cu_seqlens
+    (Transformer Engine attention on GPU, a per-row local attention on CPU); a token budget counts real tokens."""
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """The agent's vLLM engine and sampling parameters."""
+
+    tensor_parallel_size: int = 1
+    """vLLM tensor-parallel size."""
+    colocated: bool = True
+    """Share the trainer's GPUs (sleep/wake between phases) instead of owning separate ones."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of GPU memory vLLM may take (on CPU: scaled by the KV-cache size below)."""
+    cpu_kvcache_gib: int = 1
+    """KV-cache size on CPU (VLLM_CPU_KVCACHE_SPACE, GiB)."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs."""
+    temperature: float = 1.0
+    """Sampling temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    top_k: int = -1
+    """Top-k sampling (-1 = off)."""
+    seed: int | None = None
+    """Engine seed; null = derived from runtime.seed and the agent index."""
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """Megatron optimizer and LR schedule for one agent."""
+
+    name: Literal["adam", "sgd"] = "adam"
+    """Optimizer (Megatron's AdamW when weight_decay > 0)."""
+    lr: float = 1e-6
+    """Peak learning rate."""
+    min_lr: float = 0.0
+    """Floor of the LR schedule."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay."""
+    adam_beta1: float = 0.9
+    """Adam β1."""
+    adam_beta2: float = 0.999
+    """Adam β2."""
+    adam_eps: float = 1e-8
+    """Adam ε."""
+    clip_grad: float = 1.0
+    """Global grad-norm clip (0 = off)."""
+    lr_warmup_steps: int = 0
+    """Linear warm-up, in optimizer updates."""
+    lr_decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    """Schedule after warm-up."""
+    use_distributed_optimizer: bool = True
+    """Shard optimizer state over DP ranks (Megatron distributed optimizer)."""
+
+
+@dataclass(frozen=True)
+class PrecisionConfig:
+    """Numerics of one agent's trainer, mapped onto Megatron's TransformerConfig."""
+
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """Parameter/compute dtype (fp32 on CPU)."""
+    fp8: Literal["e4m3", "hybrid"] | None = None
+    """FP8 format through Transformer Engine (GPU only); null = off."""
+    fp8_recipe: Literal["delayed", "tensorwise", "blockwise", "mxfp8"] = "blockwise"
+    """FP8 scaling recipe (blockwise on Hopper, mxfp8 on Blackwell)."""
+    fp8_param: bool = False
+    """Keep parameters in FP8 (saves memory; needs the distributed optimizer)."""
+    first_last_layers_bf16: bool = True
+    """Run the first and last transformer layers in BF16 when FP8 is on."""
+    num_layers_at_start_in_bf16: int = 1
+    """Layers kept in BF16 at the start (with first_last_layers_bf16)."""
+    num_layers_at_end_in_bf16: int = 1
+    """Layers kept in BF16 at the end (with first_last_layers_bf16)."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """One trainable policy: its model, tokenizer, layout, rollout engine and optimizer."""
+
+    name: str
+    """Unique name (used in logs, checkpoints and metrics)."""
+    model: ModelSource = field(default_factory=ModelSource)
+    """Weights/architecture source."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """Tokenizer and chat template."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Megatron layout of the trainer."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """vLLM engine and sampling."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer and LR schedule."""
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Dtype and FP8."""
+    offload_reference: bool = False
+    """Keep the reference model (β > 0 only) in pinned host memory between its forwards; it is copied to the
+    device for each no-grad reference pass and released after. Saves one copy of the weights on the GPU."""
+    max_prompt_length: int = 256
+    """Prompt tokens (after the chat template); longer prompts are an error in the data."""
+    max_response_length: int = 256
+    """Generated tokens per response; also the truncation length for re-encoded cross samples."""
+
+
+# ----------------------------------------------------------------------------------------------- algo
+@dataclass(frozen=True)
+class AblationConfig:
+    """HACPO ablation switches (algorithm.md §8). All true = full HACPO; a switch only removes a mechanism."""
+
+    capability_baseline: bool = True
+    """Use ω in the learner's baseline (false = the "−adv" ablation: ω = 1 in the baseline only)."""
+    gradient_modulation: bool = True
+    """Multiply cross-sample advantages by ω (false = the "−ω" ablation)."""
+    cross_clip: bool = True
+    """Clip cross-sample ratios to [lo_u, 1] (false = no cross clip)."""
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The RL algorithm and every hyper-parameter of docs/algorithm.md, with its defaults."""
+
+    name: str = "hacpo"
+    """One of `nemo_hacpo.algo.registry.ALGORITHMS`: hacpo | naive (plain sharing) | gspo (alone) | gspo_x2
+    (alone, 2G samples) | grpo (alone, token PPO). `conf/algo/<name>.yaml` sets it with its defaults."""
+    batch_size: int = 128
+    """B: prompts per step."""
+    group_size: int = 8
+    """G: responses per prompt per agent (gspo_x2 generates 2G)."""
+    updates_per_step: int = 4
+    """M: optimizer updates per step over the learner's training view (one pass, in order)."""
+    capability_window: int = 5
+    """K: steps averaged into the capability estimate P̂ (current step included)."""
+    ratio_min: float = 0.1
+    """Lower clip of ω(j→k)."""
+    ratio_max: float = 10.0
+    """Upper clip of ω(j→k)."""
+    capability_floor: float = 1e-8
+    """Floor of P̂ (avoids dividing by zero)."""
+    capability_warmup_steps: int = 0
+    """W: steps with ω = 1."""
+    alpha: float = 1.0
+    """Exponential importance-sampling power on cross samples (α ≥ 0)."""
+    delta: float = 0.2
+    """Cross-sample clip lower bound starts at 1 − δ; δ ∈ (0, 1)."""
+    delta_step: float = 0.025
+    """Rise of the lower bound per update index u (0 = static clip)."""
+    eps_low: float = 3e-4
+    """GSPO clip ε_low on self samples."""
+    eps_high: float = 4e-4
+    """GSPO clip ε_high on self samples."""
+    grpo_eps_low: float = 0.2
+    """Token-level PPO clip ε_low (grpo)."""
+    grpo_eps_high: float = 0.28
+    """Token-level PPO clip ε_high (grpo)."""
+    grpo_loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """Loss aggregation of the grpo baseline."""
+    kl_coef: float = 0.001
+    """β of the low-variance KL to the reference model on self samples (0 = no reference model)."""
+    adv_eps: float = 1e-6
+    """ε added to the std in the advantage."""
+    max_abs_log_ratio: float = 10.0
+    """Clamp of |log s| before exponentiating."""
+    ablation: AblationConfig = field(default_factory=AblationConfig)
+    """Ablation switches."""
+
+    @property
+    def algorithm(self) -> Algorithm:
+        """The registry entry of `name` with the ablation switches applied (what the broker and loop read)."""
+        return algorithm(self.name).with_ablations(capability_baseline=self.ablation.capability_baseline,
+                                                   gradient_modulation=self.ablation.gradient_modulation)
+
+    @property
+    def samples_per_prompt(self) -> int:
+        """Responses each agent generates per prompt (2G for gspo_x2)."""
+        return self.algorithm.samples_per_prompt(self.group_size)
+
+    def sequences_per_learner(self, num_agents: int) -> int:
+        """Training rows per learner per step: n·B·G when sharing, B·G (or B·2G) alone."""
+        return self.algorithm.rows_per_learner(num_agents, self.batch_size, self.group_size)
+
+
+# ------------------------------------------------------------------------------------ data and reward
+@dataclass(frozen=True)
+class DatasetConfig:
+    """One prompt source."""
+
+    source: Literal["arithmetic", "jsonl", "parquet", "gsm8k", "aime2025"] = "arithmetic"
+    """Generated arithmetic, a local JSONL/parquet file, or a benchmark shipped by the `eval` extra."""
+    path: str | None = None
+    """Local file for jsonl/parquet."""
+    question_field: str = "question"
+    """Field holding the question."""
+    answer_field: str = "answer"
+    """Field holding the gold answer."""
+    size: int = 2000
+    """Problems to generate (arithmetic)."""
+    seed: int = 0
+    """Generator seed (arithmetic; train and eval splits are disjoint by construction)."""
+    levels: tuple[int, ...] = (1, 2, 3)
+    """Difficulty levels (number of operations) to generate."""
+    limit: int | None = None
+    """Use at most this many problems (null = all)."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Training and held-out prompts."""
+
+    train: DatasetConfig = field(default_factory=DatasetConfig)
+    """Training prompts."""
+    eval: DatasetConfig = field(default_factory=lambda: DatasetConfig(size=200, seed=1))
+    """Held-out prompts."""
+    system_prompt: str | None = None
+    """Optional system message prepended to every prompt."""
+    shuffle_seed: int = 0
+    """Seed of the per-epoch prompt order."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Math answer verification."""
+
+    strict: bool = True
+    """Only the last \\boxed{} answer counts (training default); false = lenient extraction."""
+    timeout_s: float = 5.0
+    """Per-answer time limit; a timeout scores 0."""
+    num_workers: int = 2
+    """Scoring processes (0 = in the driver)."""
+    max_response_chars: int = 16384
+    """Longer responses are truncated (keeping the end) before parsing."""
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """Supervised warm start of tiny agents on generated worked solutions (random models earn no reward)."""
+
+    enabled: bool = False
+    """Run it (for agents with `model.source: tiny`) when its cached checkpoint is missing."""
+    steps: int = 300
+    """Optimizer steps per agent."""
+    batch_size: int = 32
+    """Solutions per step."""
+    lr: float = 1e-3
+    """Learning rate of the warm start (replaces the agent's RL learning rate)."""
+    num_problems: int = 4000
+    """Generated training problems with worked solutions to draw from."""
+    seed: int = 0
+    """Problem generation and sampling seed."""
+    cache_dir: str = "~/.cache/nemo_hacpo/warmstart"
+    """Where warm-started HF checkpoints are kept, keyed by a hash of everything that shapes them."""
+    progress_interval: int = 25
+    """Print a progress line (NLL, rate, ETA) every this many steps."""
+
+
+# -------------------------------------------------------------------------------------------- runtime
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Resources the job may use."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where trainers and engines run."""
+    num_nodes: int = 1
+    """Nodes in the allocation."""
+    gpus_per_node: int = 0
+    """GPUs per node (0 on CPU)."""
+    gpu_memory_gib: float = 80.0
+    """Memory of one GPU (H100 80 GB: 80; H200: 141), for the plan's fit check."""
+    ray_address: str | None = None
+    """Existing Ray cluster to join (`auto` under Slurm); null starts a local one."""
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """The run: steps, seed, checkpoints, logging, cluster."""
+
+    steps: int = 10
+    """Training steps."""
+    seed: int = 0
+    """Global seed."""
+    output_dir: str = "outputs/run"
+    """Metrics, rollouts, plots and checkpoints go under this directory."""
+    checkpoint_interval: int = 0
+    """Save every this many steps (0 = only at the end)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept on disk."""
+    resume: bool = True
+    """Continue from the newest checkpoint in output_dir when there is one."""
+    eval_interval: int = 0
+    """Evaluate on data.eval every this many steps (0 = only at start and end)."""
+    eval_samples: int = 0
+    """Also sample this many responses per eval problem (at the rollout temperature) for avg@k and pass@k
+    (0 = greedy avg@1 only)."""
+    logging: tuple[Literal["console", "jsonl", "tensorboard", "wandb"], ...] = ("console", "jsonl")
+    """Metric sinks (`wandb` needs the `wandb` package and `wandb_project`)."""
+    wandb_project: str | None = None
+    """Weights & Biases project (with `wandb` in `logging`)."""
+    wandb_run_name: str | None = None
+    """Weights & Biases run name (default: the output directory's name)."""
+    save_rollouts: bool = True
+    """Write every step's trajectories as JSONL."""
+    save_hf: bool = True
+    """At the end, export every agent as an HF checkpoint to `<output_dir>/hf/<agent>` (for vLLM,
+    `recipes/evaluate.py`, transformers)."""
+    collective_timeout_s: float = 1800.0
+    """torch.distributed timeout inside an agent's world: a hung rank fails its collectives after this."""
+    call_timeout_s: float = 3600.0
+    """Longest the driver waits for one worker call (generate, train, save, ...) before stopping the job
+    with the agent and rank named."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Resources."""
+
+
+@dataclass(frozen=True)
+class HacpoConfig:
+    """A whole run."""
+
+    agents: tuple[AgentConfig, ...]
+    """The agents (≥ 2 for sharing algorithms)."""
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """Algorithm."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Verifier."""
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    """Run control."""
+    warmstart: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """Supervised warm start of tiny agents."""
+
+    def agent(self, name: str) -> AgentConfig:
+        for agent in self.agents:
+            if agent.name == name:
+                return agent
+        raise KeyError(f"no agent named {name!r}; agents: {[a.name for a in self.agents]}")
