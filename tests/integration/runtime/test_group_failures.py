@@ -15,7 +15,7 @@ import pytest
 
 from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # real Ray actors: seconds each
 
 
 class _Rank:
@@ -46,6 +46,7 @@ def _group(ray, world: int) -> AgentGroup:
     group = object.__new__(AgentGroup)  # the call logic only; the actors are plain ones, not trainers
     group.agent = SimpleNamespace(name="llama70b")
     group.call_timeout_s = 60.0
+    group.log_dir = None
     group.actors = [ray.remote(num_cpus=1)(_Rank).remote() for _ in range(world)]
     ray.get([actor.ok.remote(0) for actor in group.actors])  # started: the deadlines below time calls, not start-up
     return group
