@@ -20,8 +20,10 @@ from typing import Any
 DRIVER_FILE = "driver.json"
 
 RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "summary.md", "reward_curve.png",
-                 "eval_accuracy.png", "hf", "eval", "engines", "logs")
-"""What a run writes into its output directory that belongs to that run (config.yaml is rewritten at start)."""
+                 "eval_accuracy.png", "hf", "eval", "engines")
+"""What a run writes into its output directory that belongs to that run (config.yaml is rewritten at start).
+`logs/` is not among them: a launcher (the Slurm job) writes there before the run starts, and the workers
+only ever append to their log files."""
 
 
 @dataclass(frozen=True)
