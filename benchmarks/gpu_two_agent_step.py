@@ -166,7 +166,7 @@ def timed_steps(run, steps: int) -> list[dict[str, float]]:
     from nemo_hacpo.rewards import MathRewardScorer
 
     samples = []
-    with MathRewardScorer(num_workers=run.cfg.reward.num_workers, timeout_s=run.cfg.reward.timeout_s) as scorer:
+    with MathRewardScorer.from_config(run.cfg.reward) as scorer:
         for step in range(steps + 1):
             metrics = run.run_step(scorer)
             print(f"# step {step}{' (warm-up)' if step == 0 else ''}: "

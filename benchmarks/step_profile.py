@@ -141,7 +141,7 @@ def profile(cfg, gspo_algo, args: argparse.Namespace) -> int:
         trained: dict[str, list[float]] = {m: [] for m in MODES}
         totals = dict.fromkeys(run.agents, 0.0)
         reward = cfg.reward
-        scorer = MathRewardScorer(num_workers=reward.num_workers, timeout_s=reward.timeout_s, strict=reward.strict)
+        scorer = MathRewardScorer.from_config(reward)
         with scorer:
             for i, mode in enumerate(["hacpo"] * args.warmup + abba_schedule(args.pairs)):
                 run.use_algorithm(algos[mode])

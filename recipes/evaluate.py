@@ -39,6 +39,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     data.add_argument("--field", action="append", default=[], metavar="KEY=COLUMN",
                       help="field mapping of local files, e.g. question=problem answer=solution")
     data.add_argument("--limit", type=int, help="first N problems of each dataset")
+    data.add_argument("--on-invalid", choices=["error", "skip"],
+                      help="a bad record or a prompt longer than an agent's max_prompt_length: stop naming each "
+                           "(error) or drop it for every agent (skip); default: the run's data.on_invalid, else error")
     gen = parser.add_argument_group("generation and scoring")
     gen.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True,
                      help="greedy decoding, one response per problem → greedy_avg@1 (default: on)")
@@ -64,6 +67,7 @@ def _plan(args: argparse.Namespace):
     from nemo_hacpo.config import load_config
     from nemo_hacpo.eval import EvalSettings, parse_ks
     from nemo_hacpo.eval.targets import (
+        check_prompt_lengths,
         load_dataset,
         model_targets,
         parse_field_mapping,
@@ -90,8 +94,11 @@ def _plan(args: argparse.Namespace):
 
     fields = parse_field_mapping(args.field)
     heldout = cfg.data.eval if cfg is not None else None
-    datasets = [load_dataset(spec, heldout=heldout, fields=fields, limit=args.limit)
+    on_invalid = args.on_invalid or (cfg.data.on_invalid if cfg is not None else "error")
+    system_prompt = cfg.data.system_prompt if cfg is not None else None
+    datasets = [load_dataset(spec, heldout=heldout, fields=fields, limit=args.limit, on_invalid=on_invalid)
                 for spec in (args.dataset or ["heldout"])]
+    datasets = check_prompt_lengths(datasets, targets, system_prompt, on_invalid)
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise ValueError(f"two datasets share a name ({names}); rename a local file")
@@ -100,7 +107,7 @@ def _plan(args: argparse.Namespace):
     ks = parse_ks(args.pass_k, args.samples) if args.pass_k else ()
     settings = EvalSettings(greedy=args.greedy, samples=args.samples, pass_ks=ks, temperature=args.temperature,
                             top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
-                            system_prompt=cfg.data.system_prompt if cfg is not None else None)
+                            system_prompt=system_prompt)
     out = args.out or (Path(args.run) / "eval" if args.run else DEFAULT_OUT)
     return cfg, targets, datasets, settings, device, out
 
@@ -118,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from nemo_hacpo.eval import evaluate_checkpoints, write_results
+    from nemo_hacpo.eval.runner import CheckpointLoadError
     from nemo_hacpo.eval.tables import progress_line
     from nemo_hacpo.rewards import MathRewardScorer
 
@@ -126,10 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"evaluating {[t.name for t in targets]} on {[f'{d.name} ({len(d.problems)})' for d in datasets]} "
           f"on {device}: greedy={settings.greedy}, samples={settings.samples}, pass@k={list(settings.ks)}",
           flush=True)
-    with MathRewardScorer(num_workers=reward.num_workers if reward is not None else 1,
-                          timeout_s=reward.timeout_s if reward is not None else 5.0, strict=strict) as scorer:
-        results = evaluate_checkpoints(targets, datasets, settings, scorer=scorer, device=device,
-                                       on_result=lambda result: print(progress_line(result), flush=True))
+    scorer_of = MathRewardScorer.from_config if reward is not None else None
+    with (scorer_of(reward, strict=strict) if scorer_of else MathRewardScorer(num_workers=1, strict=strict)) as scorer:
+        try:
+            results = evaluate_checkpoints(targets, datasets, settings, scorer=scorer, device=device,
+                                           on_result=lambda result: print(progress_line(result), flush=True))
+        except CheckpointLoadError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 1
     run_settings = {
         "greedy": settings.greedy, "samples": settings.samples, "pass_ks": list(settings.ks),
         "temperature": settings.temperature, "top_p": settings.top_p, "seed": settings.seed,

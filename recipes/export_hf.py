@@ -24,13 +24,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output directory (default: <run>/hf_step<step>)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
 
-    from nemo_hacpo.config import load_run_config
+    from nemo_hacpo.config import ConfigError, load_run_config
     from nemo_hacpo.runtime.run_checkpoint import checkpoints
 
     try:
         cfg = load_run_config(args.run)
-    except FileNotFoundError as err:
-        print(err, file=sys.stderr)
+    except (FileNotFoundError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     found = {c.step: c for c in checkpoints(args.run)}
     if not found or (args.step is not None and args.step not in found):
@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{(args.run / 'checkpoints').resolve()} (have: {sorted(found) or 'none'})", file=sys.stderr)
         return 2
     ckpt = found[args.step if args.step is not None else max(found)]
+    problems = ckpt.problems()
+    if problems:
+        print(f"checkpoint {ckpt.path} fails verification: {'; '.join(problems[:5])}", file=sys.stderr)
+        return 2
     names = args.agent or [a.name for a in cfg.agents]
     unknown = [n for n in names if n not in {a.name for a in cfg.agents}]
     if unknown:
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    from nemo_hacpo.runtime.groups import AgentGroup, start_ray
+    from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray
 
     start_ray(cfg)
     try:
@@ -63,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 group.shutdown()
             print(f"{name}: step {ckpt.step} → {out / name}")
+    except WorkerFailure as err:  # the checkpoint does not load into this agent (layout, architecture, files)
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     finally:
         ray.shutdown()
     return 0

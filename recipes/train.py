@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from nemo_hacpo.config import ConfigError, compose, describe, validate
+from nemo_hacpo.config import ConfigError, compose, describe, dump_config, validate
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -28,6 +28,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="print GPUs, layout and memory per GPU of every agent; exit 2 if a layout cannot fit")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algo=gspo runtime.steps=20")
     return parser.parse_args(argv)
+
+
+class ComposeError(Exception):
+    """A config that Hydra cannot compose (unknown config name, malformed override, missing group option)."""
+
+
+def _compose(args: argparse.Namespace):
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return compose(args.config_name, args.overrides, args.config_dir)
+    except FileNotFoundError as err:
+        raise ComposeError(f"error: {err}") from err
+    except (HydraException, OmegaConfBaseException) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ComposeError(f"error: cannot compose config {args.config_name!r} with {args.overrides}: {first}\n"
+                           "overrides are key=value (list items by index: agents.0.optimizer.lr=1e-5), config "
+                           "groups by name (algo=gspo)") from err
 
 
 def print_plan(cfg) -> int:
@@ -48,16 +67,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.describe:
         print("\n".join(describe()))
         return 0
-    raw = compose(args.config_name, args.overrides, args.config_dir)
-    if args.cfg == "job":
-        from omegaconf import OmegaConf
-        print(OmegaConf.to_yaml(raw, resolve=True))
     try:
-        cfg = validate(raw)
-    except ConfigError as err:
+        cfg = validate(_compose(args))
+        if args.plan:
+            from nemo_hacpo.runtime.preflight import check_agents
+
+            check_agents(cfg)  # the plan reads the tokenizers: check them first
+    except (ConfigError, ComposeError) as err:
         print(err, file=sys.stderr)
         return 2
-    if args.cfg == "job":
+    if args.cfg == "job":  # printed once it validated: what a run would use, every default included
+        print(dump_config(cfg))
         return 0
     if args.plan:
         return print_plan(cfg)

@@ -52,8 +52,18 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
         out.append(ConfigIssue(f"{key}.model.recipe", "source is 'recipe' but no recipe name is given",
                                "set a Megatron-Bridge / NeMo recipe name"))
 
+    if model.source == "tiny":
+        spec = model.tiny
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings"):
+            if getattr(spec, name) < 1:
+                out.append(ConfigIssue(f"{key}.model.tiny.{name}", f"must be ≥ 1, got {getattr(spec, name)}",
+                                       "use a positive size"))
+        if spec.num_query_groups is not None and spec.num_query_groups < 1:
+            out.append(ConfigIssue(f"{key}.model.tiny.num_query_groups", f"must be ≥ 1, got {spec.num_query_groups}",
+                                   "use a divisor of num_attention_heads, or null for one per head"))
+    layout_ok = all(getattr(par, name) >= 1 for name in ("tp", "pp", "cp", "dp", "micro_batch_size"))
     shape = _model_shape(agent)
-    if shape and all(isinstance(v, int) and v > 0 for v in shape.values()):
+    if layout_ok and shape and all(isinstance(v, int) and v > 0 for v in shape.values()):
         if shape["heads"] % par.tp:
             out.append(ConfigIssue(f"{key}.parallel.tp", f"tp={par.tp} does not divide {shape['heads']} attention heads",
                                    f"use a tp that divides {shape['heads']}"))
@@ -67,7 +77,7 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
         if shape["layers"] % par.pp:
             out.append(ConfigIssue(f"{key}.parallel.pp", f"pp={par.pp} does not divide {shape['layers']} layers",
                                    f"use a pp that divides {shape['layers']}"))
-    if model.source == "tiny":
+    if model.source == "tiny" and model.tiny.num_attention_heads >= 1:
         spec = model.tiny
         if spec.hidden_size % spec.num_attention_heads:
             out.append(ConfigIssue(f"{key}.model.tiny.hidden_size", "not divisible by num_attention_heads",
@@ -119,7 +129,7 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
 
     seqs = cfg.algo.sequences_per_learner(len(cfg.agents))
     updates = cfg.algo.updates_per_step
-    if updates >= 1 and seqs % updates == 0:
+    if layout_ok and updates >= 1 and seqs % updates == 0:
         per_update = seqs // updates
         if per_update % (par.dp * par.micro_batch_size):
             out.append(ConfigIssue(f"{key}.parallel.micro_batch_size",
@@ -209,6 +219,10 @@ def _check_runtime(rt: RuntimeConfig, out: list[ConfigIssue]) -> None:
     for key in ("collective_timeout_s", "call_timeout_s"):
         if getattr(rt, key) <= 0:
             out.append(ConfigIssue(f"runtime.{key}", "must be > 0 seconds", "use e.g. 1800"))
+    for key, meaning in (("checkpoint_interval", "0 = only at the end"), ("eval_interval", "0 = only at start and end"),
+                         ("keep_checkpoints", "0 = keep every one")):
+        if getattr(rt, key) < 0:
+            out.append(ConfigIssue(f"runtime.{key}", f"must be ≥ 0, got {getattr(rt, key)}", f"use e.g. 5 ({meaning})"))
     if "wandb" in rt.logging:
         if importlib.util.find_spec("wandb") is None:
             out.append(ConfigIssue("runtime.logging", "'wandb' is listed but the wandb package is not installed",
@@ -254,10 +268,21 @@ def validate(raw: Any) -> HacpoConfig:
         issues.append(ConfigIssue("warmstart", "steps and batch_size must be ≥ 1 and lr > 0", "fix the warm start"))
     if cfg.reward.timeout_s <= 0:
         issues.append(ConfigIssue("reward.timeout_s", "must be > 0", "use e.g. 5.0"))
+    if cfg.reward.num_workers < 0:
+        issues.append(ConfigIssue("reward.num_workers", f"must be ≥ 0, got {cfg.reward.num_workers}",
+                                  "0 scores in the driver; use e.g. 2 worker processes"))
+    if cfg.reward.max_response_chars < 1:
+        issues.append(ConfigIssue("reward.max_response_chars", f"must be ≥ 1, got {cfg.reward.max_response_chars}",
+                                  "use e.g. 16384 (responses keep their last this many characters)"))
     for split in ("train", "eval"):
         ds = getattr(cfg.data, split)
         if ds.source in ("jsonl", "parquet") and not ds.path:
             issues.append(ConfigIssue(f"data.{split}.path", f"source '{ds.source}' needs a path", "set a local file path"))
+        if ds.limit is not None and ds.limit < 1:
+            issues.append(ConfigIssue(f"data.{split}.limit", f"must be ≥ 1 or null, got {ds.limit}",
+                                      "null uses every problem; e.g. 100 keeps the first 100"))
+        if ds.source == "arithmetic" and ds.size < 1:
+            issues.append(ConfigIssue(f"data.{split}.size", f"must be ≥ 1, got {ds.size}", "use e.g. 2000"))
         if ds.source == "arithmetic" and (not ds.levels or any(lv not in (1, 2, 3) for lv in ds.levels)):
             issues.append(ConfigIssue(f"data.{split}.levels", f"levels {list(ds.levels)} must be a non-empty subset of 1..3",
                                       "use e.g. [1, 2, 3]"))

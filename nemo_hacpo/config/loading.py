@@ -12,7 +12,7 @@ from typing import Any
 
 from nemo_hacpo.config.checks import validate
 from nemo_hacpo.config.schema import AgentConfig, HacpoConfig
-from nemo_hacpo.config.typed import field_docs
+from nemo_hacpo.config.typed import ConfigError, ConfigIssue, field_docs
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -42,7 +42,14 @@ def load_run_config(path: str | Path) -> HacpoConfig:
         path = path / "config.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"no run config at {path.resolve()} (a training run writes <output_dir>/config.yaml)")
-    return validate(yaml.safe_load(path.read_text()))
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        raise ConfigError([ConfigIssue(str(path), f"not readable YAML ({type(err).__name__})",
+                                       "restore it, or start the run over")]) from err
+    if not isinstance(raw, dict):
+        raise ConfigError([ConfigIssue(str(path), "not a config mapping", "restore it, or start the run over")])
+    return validate(raw)
 
 
 def compose(config_name: str = "pair_tiny", overrides: list[str] | tuple[str, ...] = (),

@@ -305,6 +305,10 @@ class DataConfig:
     """Optional system message prepended to every prompt."""
     shuffle_seed: int = 0
     """Seed of the per-epoch prompt order."""
+    on_invalid: Literal["error", "skip"] = "error"
+    """A record with a missing or empty question or answer, or a prompt longer than an agent's
+    max_prompt_length: `error` stops at start-up naming file and line of each; `skip` drops them (logging how
+    many and the first few)."""
 
 
 @dataclass(frozen=True)
@@ -373,9 +377,15 @@ class RuntimeConfig:
     checkpoint_interval: int = 0
     """Save every this many steps (0 = only at the end)."""
     keep_checkpoints: int = 2
-    """Checkpoints kept on disk."""
+    """Checkpoints kept on disk, newest first (0 = every one)."""
+    checkpoint_hashes: bool = True
+    """Record a content digest (blake3, else sha256) of every checkpoint file in its manifest and verify it before
+    resuming; false: sizes only (faster for multi-terabyte checkpoints)."""
     resume: bool = True
-    """Continue from the newest checkpoint in output_dir when there is one."""
+    """Continue from the newest checkpoint in output_dir that verifies, when there is one."""
+    allow_config_change: bool = False
+    """Resume even though the requested config changes what the run record (output_dir/config.yaml) says about
+    the agents, the data, the warm start, the algorithm or the seed (listed at start-up; refused otherwise)."""
     eval_interval: int = 0
     """Evaluate on data.eval every this many steps (0 = only at start and end)."""
     eval_samples: int = 0

@@ -31,12 +31,18 @@ class ConfigIssue:
 
 
 class ConfigError(ValueError):
-    """Raised at start-up for an invalid config; `issues` lists every problem found (key, problem, fix)."""
+    """Raised at start-up for an invalid config; `issues` lists every problem found (key, problem, fix).
 
-    def __init__(self, issues: list[ConfigIssue]):
+    `heading` names what is invalid (the config; `DataError`: the data); at most `shown` issues are printed, the
+    count of the others after them."""
+
+    heading = "invalid config"
+
+    def __init__(self, issues: list[ConfigIssue], shown: int = 20):
         self.issues = list(issues)
-        lines = "\n".join(f"  - {issue}" for issue in self.issues)
-        super().__init__(f"invalid config ({len(self.issues)} problem(s)):\n{lines}")
+        lines = "\n".join(f"  - {issue}" for issue in self.issues[:shown])
+        more = f"\n  … and {len(self.issues) - shown} more" if len(self.issues) > shown else ""
+        super().__init__(f"{self.heading} ({len(self.issues)} problem(s)):\n{lines}{more}")
 
 
 _MISSING = object()

@@ -27,6 +27,8 @@ class MathProblem:
         source: where the problem came from (``"arithmetic"``, ``"gsm8k"``, ``"aime2025"``, a file).
         expression: for generated arithmetic, the arithmetic expression whose value is ``answer``
             (e.g. ``"(3 + 4) * 2"``); ``None`` otherwise.
+        origin: where the record came from, for messages about it (``"data/train.jsonl:17"``); ``""`` for
+            generated problems.
     """
 
     id: str
@@ -36,6 +38,7 @@ class MathProblem:
     solution: str = ""
     source: str = ""
     expression: str | None = None
+    origin: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict with every field (inverse of :meth:`from_dict`)."""

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from nemo_hacpo.config import DatasetConfig
-from nemo_hacpo.data import MathProblem
 from nemo_hacpo.data.arithmetic import generate_problems
 from nemo_hacpo.data.loaders import load_aime2025, load_gsm8k_test, load_problems
+from nemo_hacpo.data.problem import MathProblem
+from nemo_hacpo.data.validation import Policy
 
 
-def load_split(ds: DatasetConfig, split: str) -> list[MathProblem]:
-    """Problems of one split; `arithmetic` draws from its own disjoint split of the generator."""
+def load_split(ds: DatasetConfig, split: str, on_invalid: Policy = "error") -> list[MathProblem]:
+    """Problems of one split (`data.<split>`), every record checked (`data.on_invalid`), cut to `limit`.
+
+    `arithmetic` draws from its own disjoint split of the generator."""
     if ds.source == "arithmetic":
         problems = generate_problems("train" if split == "train" else "eval", ds.size, seed=ds.seed, levels=ds.levels)
     elif ds.source in ("jsonl", "parquet"):
         problems = load_problems(ds.path, question_field=ds.question_field, answer_field=ds.answer_field,
-                                 file_format="json" if ds.source == "jsonl" else "parquet")
+                                 file_format="json" if ds.source == "jsonl" else "parquet", on_invalid=on_invalid)
     elif ds.source == "gsm8k":
-        problems = load_gsm8k_test()
+        problems = load_gsm8k_test(on_invalid)
     else:
-        problems = load_aime2025()
+        problems = load_aime2025(on_invalid)
     if not problems:
         raise ValueError(f"data.{split}: {ds.source} gave no problems")
-    return problems[: ds.limit] if ds.limit else problems
+    return problems[: ds.limit] if ds.limit is not None else problems

@@ -35,12 +35,16 @@ from nemo_hacpo.rollout.sampling import SamplingSettings
 from nemo_hacpo.rollout.settings import EngineSettings
 
 __all__ = [
-    "PROMPT_TOO_LONG", "EvalEngine", "EvalResult", "EvalSettings", "GenerateCall", "ProblemResponses",
+    "PROMPT_TOO_LONG", "CheckpointLoadError", "EvalEngine", "EvalResult", "EvalSettings", "GenerateCall", "ProblemResponses",
     "ScoredResponse", "ScoredResponses", "evaluate_checkpoints", "evaluate_engine",
     "evaluate_responses", "plan_generate_calls",
 ]
 
 logger = logging.getLogger(__name__)
+
+class CheckpointLoadError(RuntimeError):
+    """A checkpoint that vLLM cannot start from (weights that do not match config.json, missing files)."""
+
 
 PROMPT_TOO_LONG = "prompt_too_long"
 """Status of the responses of a problem whose prompt exceeds the agent's max_prompt_length (not generated)."""
@@ -410,8 +414,15 @@ def evaluate_checkpoints(targets: Sequence[Any], datasets: Sequence[Any], settin
     results: list[EvalResult] = []
     for target in targets:
         tick = time.perf_counter()
-        engine = RolloutEngine.from_agent(target.agent, target.model_dir, tokenizer_dir=target.tokenizer_dir,
-                                          device=device, default_seed=settings.seed)  # type: ignore[arg-type]
+        try:
+            engine = RolloutEngine.from_agent(target.agent, target.model_dir, tokenizer_dir=target.tokenizer_dir,
+                                              device=device, default_seed=settings.seed)  # type: ignore[arg-type]
+        except Exception as err:  # noqa: BLE001 - vLLM raises many kinds; the checkpoint is what to name
+            lines = [line for line in str(err).strip().splitlines() if line.strip()]
+            raise CheckpointLoadError(
+                f"{target.name}: the checkpoint at {target.model_dir} does not start in vLLM "
+                f"({type(err).__name__}: {lines[-1] if lines else ''}); do its weights match its config.json?"
+            ) from err
         logger.info("engine of %s started in %.1f s", target.name, time.perf_counter() - tick)
         agent_settings = settings
         try:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nemo_hacpo.config import (
     AgentConfig,
+    ConfigIssue,
     DataConfig,
     DatasetConfig,
     HacpoConfig,
@@ -31,6 +32,7 @@ from nemo_hacpo.config import (
 from nemo_hacpo.data import MathProblem
 from nemo_hacpo.data.loaders import BENCHMARKS, load_problems
 from nemo_hacpo.data.splits import load_split
+from nemo_hacpo.data.validation import DataError, Policy
 
 __all__ = [
     "FIELD_KEYS", "HELDOUT", "RUN_HF_DIR", "AgentTarget", "DatasetTarget", "default_agent_config", "load_dataset",
@@ -71,6 +73,27 @@ class DatasetTarget:
 
 
 # ------------------------------------------------------------------------------------------------ agents
+def check_prompt_lengths(datasets: list[DatasetTarget], targets: list[AgentTarget], system_prompt: str | None,
+                         on_invalid: Policy = "error") -> list[DatasetTarget]:
+    """The datasets with every prompt checked against every target's `max_prompt_length` in its own tokenizer
+    and chat template — the check a training run makes of its data — under the `on_invalid` policy."""
+    from nemo_hacpo.data.validation import apply_policy
+    from nemo_hacpo.models.chat import prompt_length_issues
+    from nemo_hacpo.models.tokenizers import load_tokenizer
+
+    agents = []
+    for target in targets:
+        source = target.tokenizer_dir or target.agent.tokenizer.source
+        agents.append((target.name, load_tokenizer(source), target.agent.tokenizer.chat_template,
+                       target.agent.max_prompt_length))
+    checked = []
+    for dataset in datasets:
+        issues = prompt_length_issues(dataset.problems, agents, system_prompt)
+        problems = apply_policy(dataset.problems, issues, on_invalid, f"dataset {dataset.name}")
+        checked.append(dataclasses.replace(dataset, problems=problems))
+    return checked
+
+
 def _has_tokenizer(directory: Path) -> bool:
     return any((directory / name).is_file() for name in TOKENIZER_FILES)
 
@@ -196,25 +219,26 @@ def parse_field_mapping(items: Sequence[str]) -> dict[str, str]:
 
 
 def load_dataset(spec: str, *, heldout: DatasetConfig | None = None, fields: Mapping[str, str] | None = None,
-                 limit: int | None = None) -> DatasetTarget:
+                 limit: int | None = None, on_invalid: Policy = "error") -> DatasetTarget:
     """`heldout`, a benchmark name (`gsm8k`, `aime2025`) or a local .jsonl/.json/.parquet path.
 
     `heldout` uses the given split config (default: `DataConfig().eval`, 200 generated problems, seed 1).
     `fields` maps question/answer/id/level/solution to a local file's columns (dotted names reach into nested
-    records). `limit` keeps the first N problems.
+    records). `limit` keeps the first N problems. Bad records follow `on_invalid` (`data.validation`): `error`
+    names each with its file and line (and says to map the columns with --field), `skip` drops them.
 
     Raises:
         FileNotFoundError: neither a known name nor an existing file (naming the path looked at).
-        KeyError: a mapped field missing from the file (naming the field and the keys found).
+        DataError: bad records under the `error` policy.
     """
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be ≥ 1, got {limit}")
     fields = dict(fields or {})
     if spec == HELDOUT:
         split = heldout if heldout is not None else DataConfig().eval
-        problems, name, origin = load_split(split, "eval"), HELDOUT, f"data.eval ({split.source})"
+        problems, name, origin = load_split(split, "eval", on_invalid), HELDOUT, f"data.eval ({split.source})"
     elif spec in BENCHMARKS:
-        problems, name, origin = BENCHMARKS[spec](), spec, spec
+        problems, name, origin = BENCHMARKS[spec](on_invalid), spec, spec
     else:
         path = Path(spec).expanduser()
         if not path.is_file():
@@ -223,10 +247,12 @@ def load_dataset(spec: str, *, heldout: DatasetConfig | None = None, fields: Map
         try:
             problems = load_problems(path, question_field=fields.get("question", "question"),
                                      answer_field=fields.get("answer", "answer"), id_field=fields.get("id"),
-                                     level_field=fields.get("level"), solution_field=fields.get("solution"))
-        except KeyError as err:
-            raise KeyError(f"{path.resolve()}: {err.args[0]}; map the file's columns with --field KEY=COLUMN "
-                           f"(keys: {', '.join(FIELD_KEYS)})") from err
+                                     level_field=fields.get("level"), solution_field=fields.get("solution"),
+                                     on_invalid=on_invalid)
+        except DataError as err:
+            hint = ConfigIssue("--field", "the columns may have other names",
+                               f"map them with --field KEY=COLUMN (keys: {', '.join(FIELD_KEYS)})")
+            raise DataError([*err.issues, hint]) from err
         name, origin = path.stem, str(path.resolve())
     if not problems:
         raise ValueError(f"dataset {spec!r} has no problems")

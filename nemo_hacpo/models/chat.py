@@ -56,3 +56,31 @@ def render_prompt_ids(messages: Sequence[Message] | Sequence[dict], tokenizer: A
     (adding them would duplicate the BOS). The rollout engine feeds exactly these ids to vLLM."""
     text = render_prompt_text(messages, tokenizer, chat_template)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def prompt_token_counts(prompts: Sequence[Sequence[Message] | Sequence[dict]], tokenizer: Any,
+                        chat_template: str | None = None) -> list[int]:
+    """Tokens of each rendered prompt (what the engine is fed), with one batched tokenizer call."""
+    texts = [render_prompt_text(messages, tokenizer, chat_template) for messages in prompts]
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
+
+
+def prompt_length_issues(problems: Sequence[Any], agents: Sequence[tuple[str, Any, str | None, int]],
+                         system_prompt: str | None = None) -> list[Any]:
+    """A `DataIssue` for every problem whose prompt is longer than an agent's `max_prompt_length` in that agent's
+    own chat template and tokenizer (`agents`: `(name, tokenizer, chat_template, max_prompt_length)`).
+
+    Every agent must read every prompt: a prompt too long for one agent cannot be shared, so it is an issue of
+    the data set, found before training starts rather than when the batch that holds it is sampled."""
+    from nemo_hacpo.data.prompts import problem_to_messages
+    from nemo_hacpo.data.validation import DataIssue
+
+    messages = [problem_to_messages(p, system_prompt=system_prompt) for p in problems]
+    too_long: dict[str, list[str]] = {}
+    for name, tokenizer, template, limit in agents:
+        for problem, count in zip(problems, prompt_token_counts(messages, tokenizer, template), strict=True):
+            if count > limit:
+                too_long.setdefault(problem.id, []).append(f"{name}: {count} > {limit}")
+    return [DataIssue(p.origin or p.id, f"prompt too long in tokens ({'; '.join(too_long[p.id])}; "
+                      "raise max_prompt_length or shorten the question)", problem_id=p.id)
+            for p in problems if p.id in too_long]

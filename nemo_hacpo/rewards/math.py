@@ -14,8 +14,12 @@ Grading modes:
 
 - **strict** (training default): only the LAST ``\\boxed{...}`` (or ``\\fbox{...}``, ``\\boxed 5``)
   counts, extracted by :func:`nemo_hacpo.rewards.extract.extract_last_boxed`; no box → 0.
-- **lenient**: math-verify's own extraction over the whole (truncated) response: LaTeX environments,
-  "final answer is ...", plain numbers and expressions; its rightmost answer-like match wins.
+- **lenient**: the last ``\\boxed{...}`` when the response has one (math-verify alone would read several
+  boxes as a set); otherwise math-verify's own extraction over the whole (truncated) response: LaTeX
+  environments, "final answer is ...", plain numbers and expressions, where its rightmost answer-like match wins.
+
+A gold answer written in words (``"four apples"``) is ``invalid_gold``: math-verify would read it as a product
+of single letters and compare nonsense.
 
 Semantics inherited from math-verify (``verify(gold, answer)``, ``float_rounding=6``): a float equals a
 rational when both round to the same 6 decimals (``0.333333 == 1/3`` but ``0.333 != 1/3``);
@@ -31,6 +35,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -70,6 +75,14 @@ math_verify.grader.TIMEOUT_WARNING_SHOWN = True
 
 _EXTRACTION_TARGETS = (LatexExtractionConfig(), ExprExtractionConfig())
 _PLAIN_INTEGER_RE = re.compile(r"[+-]?[0-9]{1,1000}")  # ASCII digits only
+_LATEX_TEXT_RE = re.compile(r"\\(?:text|mathrm|textbf|operatorname|mbox)\s*\{[^{}]*\}|\\[A-Za-z]+")
+"""LaTeX commands and the text inside \\text{} (units, which math-verify drops): not words of a gold."""
+_WORD_RE = re.compile(r"[A-Za-z]{3,}")
+_MATH_WORDS = frozenset({
+    "sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "log", "ln",
+    "exp", "sqrt", "max", "min", "gcd", "lcm", "mod", "det", "inf", "sup", "lim", "deg", "pmod",
+})
+"""Letter runs of three or more that are mathematics, not words (e.g. `\\sin` written without its backslash)."""
 
 
 class RewardReason(StrEnum):
@@ -170,6 +183,10 @@ def _prepare_gold(gold: object, limits: VerifyLimits) -> str | ScoredAnswer:
         return ScoredAnswer.of(RewardReason.INVALID_GOLD, detail="empty gold")
     if len(gold_text) > limits.max_answer_chars or max_bracket_depth(gold_text) > limits.max_bracket_depth:
         return ScoredAnswer.of(RewardReason.INVALID_GOLD, detail="gold too long or nested too deeply")
+    words = [w for w in _WORD_RE.findall(_LATEX_TEXT_RE.sub(" ", gold_text)) if w.lower() not in _MATH_WORDS]
+    if words:
+        return ScoredAnswer.of(RewardReason.INVALID_GOLD, detail=f"gold is written in words ({' '.join(words)!r}): "
+                               "math-verify would read it as a product of single letters")
     return gold_text
 
 
@@ -213,7 +230,11 @@ def prepare_answer(
             is_equal = int(answer_text) == int(gold_text)
             return ScoredAnswer.of(RewardReason.CORRECT if is_equal else RewardReason.WRONG, truncated)
     else:
-        answer_text = response_text
+        # lenient: the last well-formed box when there is one (several boxes would otherwise be read as a set);
+        # else math-verify's own extraction over the whole text, where its rightmost answer-like match wins
+        boxed = extract_last_boxed(response_text, max_unbraced_chars=limits.max_answer_chars + 1)
+        box = normalize_answer_text(boxed.content) if boxed is not None and boxed.content is not None else ""
+        answer_text = f"${box}$" if box and len(box) <= limits.max_answer_chars else response_text
     depth = max_bracket_depth(answer_text)
     if depth > limits.max_bracket_depth:
         return ScoredAnswer.of(
@@ -287,15 +308,19 @@ def verify_prepared(prepared: PreparedAnswer, limits: VerifyLimits = DEFAULT_LIM
 
 
 def score_prepared(
-    prepared: PreparedAnswer, limits: VerifyLimits = DEFAULT_LIMITS, timeout_s: float | None = 5.0
+    prepared: PreparedAnswer, limits: VerifyLimits = DEFAULT_LIMITS, timeout_s: float | None = 5.0, *,
+    delay_s: float = 0.0,
 ) -> ScoredAnswer:
     """:func:`verify_prepared` under a SIGALRM time limit (main thread only); never raises.
 
     Off the main thread no limit can be armed: the call then relies on the static guards alone, so run
     untrusted answers through :class:`nemo_hacpo.rewards.scorer.MathRewardScorer` workers there.
+    `delay_s` (tests) sleeps that long inside the time limit first: an answer slow by construction.
     """
     try:
         with alarm_time_limit(timeout_s):
+            if delay_s > 0:
+                time.sleep(delay_s)
             return verify_prepared(prepared, limits)
     except (AnswerTimeout, MathVerifyTimeout):
         return ScoredAnswer.of(RewardReason.TIMEOUT, prepared.truncated, f"exceeded {timeout_s} s")

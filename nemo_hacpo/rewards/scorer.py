@@ -19,6 +19,7 @@ get an address-space limit so a memory bomb becomes a ``MemoryError`` instead of
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import multiprocessing
 import os
@@ -26,11 +27,12 @@ import signal
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from multiprocessing.connection import Connection, wait
 
+from nemo_hacpo.config import RewardConfig
 from nemo_hacpo.rewards.math import (
     DEFAULT_LIMITS,
     PreparedAnswer,
@@ -104,12 +106,18 @@ class RewardBatch:
         return scalars
 
 
+DEBUG_ACTIONS = ("hang", "sleep", "crash")
+"""What a worker does with an answer holding a `_debug_markers` string (tests only): `hang` blocks SIGALRM and
+sleeps, like a hang inside C code (the driver must kill it); `sleep` sleeps where SIGALRM can interrupt it (the
+worker's own time limit fires: slow by construction, whatever the machine); `crash` exits at once."""
+
+
 @dataclass(frozen=True)
 class _WorkerSettings:
     limits: VerifyLimits
     soft_timeout_s: float
     memory_limit_mb: int | None
-    debug_hang_marker: str | None
+    debug_markers: tuple[tuple[str, str], ...] = ()
 
 
 def _limit_address_space(memory_limit_mb: int | None) -> None:
@@ -125,6 +133,12 @@ def _limit_address_space(memory_limit_mb: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
     except (ImportError, ValueError, OSError):  # not Linux, or not permitted: run without the limit
         pass
+
+
+def _debug_delay(settings: _WorkerSettings, prepared: PreparedAnswer) -> float:
+    """An hour for an answer holding a `sleep` debug marker (the time limit must cut it short), else 0."""
+    slow = any(marker in prepared.answer_text and action == "sleep" for marker, action in settings.debug_markers)
+    return 3600.0 if slow else 0.0
 
 
 def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
@@ -144,13 +158,15 @@ def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
         if message is None:
             return
         task_key, prepared = message
-        marker = settings.debug_hang_marker
-        if marker and marker in prepared.answer_text:
-            # Test hook: behave like a hang inside C code, which SIGALRM cannot interrupt.
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-            while True:
-                time.sleep(3600)
-        conn.send((task_key, score_prepared(prepared, settings.limits, settings.soft_timeout_s)))
+        for marker, action in settings.debug_markers:  # test hooks (DEBUG_ACTIONS)
+            if marker in prepared.answer_text and action == "hang":
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+                while True:
+                    time.sleep(3600)
+            elif marker in prepared.answer_text and action == "crash":
+                os._exit(3)
+        conn.send((task_key, score_prepared(prepared, settings.limits, settings.soft_timeout_s,
+                                            delay_s=_debug_delay(settings, prepared))))
 
 
 class _State(Enum):
@@ -170,6 +186,8 @@ class _Worker:
     task_index: int = -1
     task_key: int = -1
     task_truncated: bool = False
+    task: PreparedAnswer | None = None
+    task_attempt: int = 0
     deadline: float = 0.0
 
 
@@ -185,8 +203,11 @@ class MathRewardScorer:
         start_method: ``"spawn"`` (default) or ``"forkserver"``; never ``"fork"`` next to Ray/vLLM.
         worker_memory_limit_mb: address-space limit per worker (``None``: unlimited).
         startup_timeout_s: a worker not ready after this long is restarted.
-        _debug_hang_marker: tests only: a worker given an answer containing this string hangs with
-            SIGALRM blocked, exercising the real kill-and-replace path.
+        _debug_markers: tests only: `{marker: action}` (`DEBUG_ACTIONS`), so that the kill, time-limit and
+            crash paths run for real on inputs that are slow or fatal by construction.
+
+    A worker that dies while it holds an answer (killed from outside, out of memory) costs that answer nothing:
+    the answer goes to another worker, once; only an answer that kills a second worker scores 0 (`error`).
 
     Example::
 
@@ -207,7 +228,7 @@ class MathRewardScorer:
         start_method: str = "spawn",
         worker_memory_limit_mb: int | None = 2048,
         startup_timeout_s: float = 120.0,
-        _debug_hang_marker: str | None = None,
+        _debug_markers: Mapping[str, str] | None = None,
     ) -> None:
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
@@ -223,7 +244,11 @@ class MathRewardScorer:
         self.limits = limits
         self.kill_grace_s = kill_grace_s
         self.startup_timeout_s = startup_timeout_s
-        self._settings = _WorkerSettings(limits, timeout_s, worker_memory_limit_mb, _debug_hang_marker)
+        unknown = sorted(set((_debug_markers or {}).values()) - set(DEBUG_ACTIONS))
+        if unknown:
+            raise ValueError(f"unknown debug actions {unknown}; use {DEBUG_ACTIONS}")
+        self._settings = _WorkerSettings(limits, timeout_s, worker_memory_limit_mb,
+                                         tuple(sorted((_debug_markers or {}).items())))
         self._context = multiprocessing.get_context(start_method)
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
@@ -236,6 +261,14 @@ class MathRewardScorer:
         self._warned_no_time_limit = False
         for _ in range(num_workers):
             self._workers.append(self._start_worker())
+
+    @classmethod
+    def from_config(cls, reward: RewardConfig, **overrides: object) -> MathRewardScorer:
+        """The scorer of a run's `reward` section (workers, time limit, grading mode, response length limit)."""
+        settings: dict[str, object] = {
+            "num_workers": reward.num_workers, "timeout_s": reward.timeout_s, "strict": reward.strict,
+            "limits": dataclasses.replace(DEFAULT_LIMITS, max_response_chars=reward.max_response_chars)}
+        return cls(**{**settings, **overrides})  # type: ignore[arg-type]
 
     # ----------------------------------------------------------------------------------- lifecycle
 
@@ -347,7 +380,7 @@ class MathRewardScorer:
         started = time.monotonic()
         with self._lock:
             results: list[ScoredAnswer | None] = [None] * len(responses)
-            to_verify: deque[tuple[int, PreparedAnswer]] = deque()
+            to_verify: deque[tuple[int, PreparedAnswer, int]] = deque()  # (index, answer, attempt)
             for index, (response, gold) in enumerate(zip(responses, golds, strict=True)):
                 try:
                     prepared = prepare_answer(response, gold, strict=grading_strict, limits=self.limits)
@@ -357,7 +390,7 @@ class MathRewardScorer:
                 if isinstance(prepared, ScoredAnswer):
                     results[index] = prepared
                 else:
-                    to_verify.append((index, prepared))
+                    to_verify.append((index, prepared, 0))
             if self.num_workers == 0:
                 self._score_in_process(to_verify, results)
             else:
@@ -368,14 +401,15 @@ class MathRewardScorer:
             self._record(batch, golds)
         return batch
 
-    def _score_in_process(self, to_verify: deque[tuple[int, PreparedAnswer]], results: list) -> None:
+    def _score_in_process(self, to_verify: deque[tuple[int, PreparedAnswer, int]], results: list) -> None:
         if threading.current_thread() is not threading.main_thread() and not self._warned_no_time_limit:
             logger.warning("num_workers=0 off the main thread: no time limit can be armed; use workers")
             self._warned_no_time_limit = True
-        for index, prepared in to_verify:
-            results[index] = score_prepared(prepared, self.limits, self.timeout_s)
+        for index, prepared, _ in to_verify:
+            results[index] = score_prepared(prepared, self.limits, self.timeout_s,
+                                            delay_s=_debug_delay(self._settings, prepared))
 
-    def _score_in_workers(self, to_verify: deque[tuple[int, PreparedAnswer]], results: list) -> None:
+    def _score_in_workers(self, to_verify: deque[tuple[int, PreparedAnswer, int]], results: list) -> None:
         hard_timeout_s = self.timeout_s + self.kill_grace_s
         for worker in list(self._workers):
             # Dead since the last batch, or still busy with a task of a batch that was interrupted
@@ -397,7 +431,7 @@ class MathRewardScorer:
             handles = [w.conn for w in waiting] + [w.process.sentinel for w in waiting]
             wait(handles, timeout=max(0.0, min(deadlines) - now))
             for worker in waiting:
-                self._collect(worker, results)
+                self._collect(worker, results, to_verify)
             now = time.monotonic()
             for worker in list(self._workers):
                 if worker.state is _State.BUSY and now >= worker.deadline:
@@ -412,24 +446,26 @@ class MathRewardScorer:
                     self._startup_failed(worker, "not ready in time")
 
     def _dispatch(
-        self, worker: _Worker, to_verify: deque[tuple[int, PreparedAnswer]], hard_timeout_s: float
+        self, worker: _Worker, to_verify: deque[tuple[int, PreparedAnswer, int]], hard_timeout_s: float
     ) -> None:
-        index, prepared = to_verify.popleft()
+        index, prepared, attempt = to_verify.popleft()
         self._next_task_key += 1
         try:
             worker.conn.send((self._next_task_key, prepared))
-        except (OSError, ValueError):  # died while idle: retry the answer on another worker
-            to_verify.appendleft((index, prepared))
+        except (OSError, ValueError):  # died while idle: the answer goes to another worker
+            to_verify.appendleft((index, prepared, attempt))
             self._replace(worker)
             return
         worker.state = _State.BUSY
         worker.task_index = index
         worker.task_key = self._next_task_key
         worker.task_truncated = prepared.truncated
+        worker.task, worker.task_attempt = prepared, attempt
         worker.deadline = time.monotonic() + hard_timeout_s
 
-    def _collect(self, worker: _Worker, results: list) -> None:
-        """Read whatever the worker sent; handle its death."""
+    def _collect(self, worker: _Worker, results: list,
+                 to_verify: deque[tuple[int, PreparedAnswer, int]] | None = None) -> None:
+        """Read whatever the worker sent; handle its death (its answer is retried once on another worker)."""
         try:
             while worker.conn.poll():
                 message = worker.conn.recv()
@@ -446,12 +482,15 @@ class MathRewardScorer:
             return
         exit_code = worker.process.exitcode
         if worker.state is _State.BUSY:
-            results[worker.task_index] = ScoredAnswer.of(
-                RewardReason.ERROR,
-                truncated=worker.task_truncated,
-                detail=f"worker died (exit code {exit_code})",
-            )
             self._totals["worker_deaths"] += 1
+            if to_verify is not None and worker.task is not None and worker.task_attempt == 0:
+                to_verify.appendleft((worker.task_index, worker.task, 1))  # not this answer's fault, probably
+            else:
+                results[worker.task_index] = ScoredAnswer.of(
+                    RewardReason.ERROR,
+                    truncated=worker.task_truncated,
+                    detail=f"worker died (exit code {exit_code}) twice on this answer",
+                )
             self._replace(worker)
         elif worker.state is _State.STARTING:
             self._startup_failed(worker, f"exited with code {exit_code}")

@@ -26,22 +26,23 @@ def _scored(generated: GenerationResult, problems: list[MathProblem], ks: tuple[
                               finish_reasons=[[r.finish_reason for r in group] for group in groups])
 
 
-def evaluate_agents(groups, problems: list[MathProblem], cfg: HacpoConfig, step: int = 0) -> dict[str, dict[str, float]]:
-    """`{agent: {"accuracy": greedy avg@1, "response_length": …, "truncation_rate": …, ["avg@n", "pass@k", …]}}`."""
-    from nemo_hacpo.rewards import MathRewardScorer
+def evaluate_agents(groups, problems: list[MathProblem], cfg: HacpoConfig, scorer, step: int = 0
+                    ) -> dict[str, dict[str, float]]:
+    """`{agent: {"accuracy": greedy avg@1, "response_length": …, "truncation_rate": …, ["avg@n", "pass@k", …]}}`.
 
+    `scorer` is the run's training scorer (`MathRewardScorer`), so held-out answers are verified under the same
+    limits, in the same worker processes, as training answers."""
     messages = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
     n = cfg.runtime.eval_samples
     greedy = {name: group.generate(messages, 1, greedy=True, what="evaluate") for name, group in groups.items()}
     sampled = {name: group.generate(messages, n, seed=call_base_seed(group.seed + EVAL_SEED_OFFSET, step),
                                     what="evaluate") for name, group in groups.items()} if n > 0 else {}
     out: dict[str, dict[str, float]] = {}
-    with MathRewardScorer(num_workers=0, timeout_s=cfg.reward.timeout_s, strict=cfg.reward.strict) as scorer:
-        for name, call in greedy.items():
-            scored = _scored(call.result(), problems, (), scorer)
-            out[name] = {"accuracy": scored.avg(), "response_length": scored.response_tokens_mean(),
-                         "truncation_rate": scored.truncation_rate()}
-        for name, call in sampled.items():
-            scored = _scored(call.result(), problems, default_pass_ks(n), scorer)
-            out[name].update(scored.metrics())
+    for name, call in greedy.items():
+        scored = _scored(call.result(), problems, (), scorer)
+        out[name] = {"accuracy": scored.avg(), "response_length": scored.response_tokens_mean(),
+                     "truncation_rate": scored.truncation_rate()}
+    for name, call in sampled.items():
+        scored = _scored(call.result(), problems, default_pass_ks(n), scorer)
+        out[name].update(scored.metrics())
     return out

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
@@ -66,21 +68,31 @@ class _QuietTokenNotice(logging.Filter):
 
 
 def start_ray(cfg: HacpoConfig) -> None:
-    """Join `runtime.cluster.ray_address`, or start a local Ray with enough logical CPUs for every rank."""
+    """Join `runtime.cluster.ray_address`, or start a local Ray with enough logical CPUs for every rank.
+
+    A local Ray installs its own SIGTERM handler, which kills Ray's processes at once — the actors' vLLM engine
+    processes are then orphaned and live on for a minute or more. A handler the caller installed before (the
+    training loop's, which shuts the engines down first) is put back; Ray's processes still go at exit.
+    """
     import ray
 
     if ray.is_initialized():
         return
     for name in ("ray", "ray._private.authentication.authentication_token_setup"):
         logging.getLogger(name).addFilter(_QuietTokenNotice())
+    in_main = threading.current_thread() is threading.main_thread()
+    caller_handler = signal.getsignal(signal.SIGTERM) if in_main else None
     cluster = cfg.runtime.cluster
     env = {"env_vars": ray_environment(cluster.device)}
     if cluster.ray_address:
         ray.init(address=cluster.ray_address, runtime_env=env, logging_level="WARNING")
-        return
-    ranks = sum(agent.parallel.world_size for agent in cfg.agents)
-    ray.init(num_cpus=max(ranks, os.cpu_count() or 1), num_gpus=cluster.gpus_per_node if cluster.device == "cuda" else 0,
-             include_dashboard=False, runtime_env=env, logging_level="WARNING")
+    else:
+        ranks = sum(agent.parallel.world_size for agent in cfg.agents)
+        ray.init(num_cpus=max(ranks, os.cpu_count() or 1),
+                 num_gpus=cluster.gpus_per_node if cluster.device == "cuda" else 0,
+                 include_dashboard=False, runtime_env=env, logging_level="WARNING")
+    if callable(caller_handler):
+        signal.signal(signal.SIGTERM, caller_handler)
 
 
 class Pending(Generic[T]):

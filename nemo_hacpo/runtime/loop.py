@@ -12,23 +12,29 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from nemo_hacpo.algo import CapabilityTracker
 from nemo_hacpo.broker import AgentRollout, Broker, LearnerTokenizer, write_jsonl
-from nemo_hacpo.config import AlgoConfig, HacpoConfig, dump_config
+from nemo_hacpo.config import AlgoConfig, ConfigError, HacpoConfig
 from nemo_hacpo.data import MathProblem, PromptDataset, problem_to_messages
 from nemo_hacpo.data.splits import load_split
+from nemo_hacpo.data.validation import apply_policy
+from nemo_hacpo.models.chat import prompt_length_issues
 from nemo_hacpo.reporting import markdown_table, write_curves
 from nemo_hacpo.rollout.outputs import GenerationResult, agent_rollouts, rollout_metrics
 from nemo_hacpo.rollout.sampling import call_base_seed
 from nemo_hacpo.runtime.cross_path import CrossPathMonitor
 from nemo_hacpo.runtime.evaluation import evaluate_agents
 from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray
+from nemo_hacpo.runtime.preflight import check_agents, tokenizer_source
 from nemo_hacpo.runtime.run_checkpoint import archive_previous_run, latest_checkpoint, save_run_checkpoint
+from nemo_hacpo.runtime.run_record import check_resume, write_record
 from nemo_hacpo.runtime.step_log import MetricsLogger, drop_records_after
 from nemo_hacpo.runtime.warmstart import ensure_warm_start
 from nemo_hacpo.runtime.worker import OldLogprobs
@@ -74,8 +80,13 @@ class HacpoRun:
         self.out_dir = Path(cfg.runtime.output_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.agents = [a.name for a in cfg.agents]
-        self.train_set = PromptDataset(load_split(cfg.data.train, "train"), seed=cfg.data.shuffle_seed)
-        self.eval_problems = load_split(cfg.data.eval, "eval")
+        check_agents(cfg)  # tokenizers and checkpoints exist and fit each other
+        self._learners: dict[str, LearnerTokenizer] | None = None
+        # every record checked before anything starts: fields, and every prompt in every agent's tokenization
+        on_invalid = cfg.data.on_invalid
+        train = self._checked_prompts(load_split(cfg.data.train, "train", on_invalid), "data.train")
+        self.train_set = PromptDataset(train, seed=cfg.data.shuffle_seed)
+        self.eval_problems = self._checked_prompts(load_split(cfg.data.eval, "eval", on_invalid), "data.eval")
         algo = cfg.algo
         self.tracker = CapabilityTracker(self.agents, window=algo.capability_window,
                                          ratio_bounds=(algo.ratio_min, algo.ratio_max),
@@ -84,7 +95,6 @@ class HacpoRun:
         self.totals = {a: {"rollouts_generated": 0, "sequences_trained": 0} for a in self.agents}
         self.eval_history: list[dict[str, Any]] = []
         self.groups: dict[str, AgentGroup] = {}
-        self._learners: dict[str, LearnerTokenizer] | None = None
 
     @property
     def samples_per_prompt(self) -> int:
@@ -93,16 +103,23 @@ class HacpoRun:
 
     # ------------------------------------------------------------------------------------------ start-up
     def start(self) -> None:
+        """Check, then start: the resume checkpoint (verified) and the run record first, before Ray starts or
+        anything is written; then the warm start, the worker groups and the broker."""
         cfg = self.cfg
-        (self.out_dir / "config.yaml").write_text(dump_config(cfg))
-        start_ray(cfg)
-        resume = latest_checkpoint(self.out_dir) if cfg.runtime.resume else None
-        if resume is None:  # starting over: an earlier run's checkpoints and metrics must not mix with this one's
+        resume = latest_checkpoint(self.out_dir, hashes=cfg.runtime.checkpoint_hashes) if cfg.runtime.resume else None
+        if resume is not None:
+            changed = check_resume(self.out_dir, cfg)  # refuses a change of what the checkpoints hold
+            if changed:
+                logger.warning("resuming %s with changed settings: %s", self.out_dir,
+                               ", ".join(f"{key} {old!r} → {new!r}" for key, (old, new) in changed.items()))
+        else:  # starting over: an earlier run's checkpoints, metrics and record must not mix with this one's
             moved = archive_previous_run(self.out_dir)
             if moved is not None:
                 logger.warning("%s held an earlier run (%s); its checkpoints, metrics and outputs were moved to %s",
                                self.out_dir, "runtime.resume=false" if not cfg.runtime.resume
                                else "no complete checkpoint to resume from", moved)
+        write_record(self.out_dir, cfg)
+        start_ray(cfg)
         init: dict[str, str | None] = {a.name: None for a in cfg.agents}
         if cfg.warmstart.enabled:  # also on resume: the reference model is the warm-started policy
             init.update(ensure_warm_start(cfg))
@@ -127,15 +144,20 @@ class HacpoRun:
             logger.info("agent %s ready: %s", group.agent.name, info[0])
         self.broker = self._make_broker(cfg.algo)
 
+    def _checked_prompts(self, problems: list[MathProblem], what: str) -> list[MathProblem]:
+        """`problems` whose prompt fits every agent's max_prompt_length (`data.on_invalid` decides the others)."""
+        learners = self._learner_tokenizers()
+        agents = [(a.name, learners[a.name].tokenizer, a.tokenizer.chat_template, a.max_prompt_length)
+                  for a in self.cfg.agents]
+        issues = prompt_length_issues(problems, agents, self.cfg.data.system_prompt)
+        return apply_policy(problems, issues, self.cfg.data.on_invalid, what)
+
     def _learner_tokenizers(self) -> dict[str, LearnerTokenizer]:
         """Every agent's tokenizer, chat template and response limit (what re-encoding needs), loaded once."""
         if self._learners is None:
             from nemo_hacpo.models.tokenizers import load_tokenizer
 
-            def tokenizer_of(a):  # `model`: the tokenizer files next to the agent's HF checkpoint
-                return load_tokenizer(a.model.path if a.tokenizer.source == "model" else a.tokenizer.source)
-
-            self._learners = {a.name: LearnerTokenizer(tokenizer_of(a), a.max_response_length,
+            self._learners = {a.name: LearnerTokenizer(load_tokenizer(tokenizer_source(a)), a.max_response_length,
                                                        a.tokenizer.chat_template) for a in self.cfg.agents}
         return self._learners
 
@@ -232,9 +254,9 @@ class HacpoRun:
         return metrics
 
     # ----------------------------------------------------------------------------------------------- run
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, scorer) -> dict[str, float]:
         """Held-out greedy accuracy (`<agent>/eval_accuracy`) and, with runtime.eval_samples, avg@n / pass@k."""
-        results = evaluate_agents(self.groups, self.eval_problems, self.cfg, self.step)
+        results = evaluate_agents(self.groups, self.eval_problems, self.cfg, scorer, self.step)
         record: dict[str, Any] = {"step": self.step, **{a: r["accuracy"] for a, r in results.items()}}
         n = self.cfg.runtime.eval_samples
         if n > 0:  # sampled accuracy (avg@n) and pass@n, for the final table
@@ -252,18 +274,17 @@ class HacpoRun:
         cfg = self.cfg
         self.start()
         sinks = cfg.runtime.logging
-        reward = cfg.reward
         # a resumed run repeats the steps after its checkpoint: drop what the interrupted run logged for them
         dropped = drop_records_after(self.out_dir / "metrics.jsonl", self.step)
         if dropped:
             logger.info("metrics.jsonl: dropped %d record(s) logged after step %d by the interrupted run", dropped, self.step)
-        with MathRewardScorer(num_workers=reward.num_workers, timeout_s=reward.timeout_s, strict=reward.strict) as scorer, \
+        with MathRewardScorer.from_config(cfg.reward) as scorer, \
                 MetricsLogger(self.out_dir, sinks, total_steps=cfg.runtime.steps, start_step=self.step,
                               console_keys=("*/reward_mean", "*/eval_accuracy", "*/omega/*"),
                               wandb_project=cfg.runtime.wandb_project, wandb_run_name=cfg.runtime.wandb_run_name,
                               run_config=dataclasses.asdict(cfg) if "wandb" in sinks else None) as log:
             if not self.eval_history:
-                log.log(self.step, self.evaluate())
+                log.log(self.step, self.evaluate(scorer))
             cross_path = CrossPathMonitor(self.agents)
             while self.step < cfg.runtime.steps:
                 metrics = self.run_step(scorer)
@@ -271,9 +292,9 @@ class HacpoRun:
                     logger.warning(message)
                 interval = cfg.runtime.eval_interval
                 if interval and self.step % interval == 0 and self.step < cfg.runtime.steps:
-                    metrics.update(self.evaluate())
+                    metrics.update(self.evaluate(scorer))
                 if self.step == cfg.runtime.steps:
-                    metrics.update(self.evaluate())
+                    metrics.update(self.evaluate(scorer))
                 log.log(self.step, metrics)
                 every = cfg.runtime.checkpoint_interval
                 if (every and self.step % every == 0) or self.step == cfg.runtime.steps:
@@ -293,7 +314,8 @@ class HacpoRun:
     def checkpoint(self) -> Path:
         state = {"step": self.step, "tracker": self.tracker.state_dict(), "data": self.train_set.state_dict(),
                  "totals": self.totals, "eval_history": self.eval_history}
-        return save_run_checkpoint(self.out_dir, self.step, state, self.groups, keep=self.cfg.runtime.keep_checkpoints)
+        return save_run_checkpoint(self.out_dir, self.step, state, self.groups, keep=self.cfg.runtime.keep_checkpoints,
+                                   hashes=self.cfg.runtime.checkpoint_hashes)
 
     def report(self) -> str:
         """Per-agent table (start vs end held-out accuracy, rollouts, sequences) + reward and accuracy plots."""
@@ -325,18 +347,44 @@ class HacpoRun:
             group.shutdown(timeout_s)
 
 
+class Terminated(Exception):
+    """SIGTERM (a `kill`, a scheduler's stop) arrived: the run stops and shuts its engines down first."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
 def train(cfg: HacpoConfig) -> int:
-    """Entry point of `recipes/train.py`: run the configured training to the end; the exit status."""
-    run = HacpoRun(cfg)
+    """Entry point of `recipes/train.py`: run the configured training to the end; the exit status (0 done,
+    1 a worker failed, 2 a start-up check failed, 143 stopped by SIGTERM).
+
+    On any stop the worker groups are shut down — engines first — before the process exits, so no vLLM process
+    outlives the run; the message names the last complete checkpoint a rerun resumes from."""
+    try:
+        run = HacpoRun(cfg)  # loads and checks the data
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
     failed = False
     try:
         return run.fit()
-    except WorkerFailure as failure:
+    except ConfigError as err:  # a start-up check: the run record, the data
+        print(err, file=sys.stderr)
+        return 2
+    except (WorkerFailure, Terminated) as stop:
         failed = True
-        last = latest_checkpoint(run.out_dir)
-        logger.error("job stopped: %s", failure)
-        print(f"job stopped: {failure}\nlast complete checkpoint: "
+        last = latest_checkpoint(run.out_dir, hashes=False, quarantine=False)  # sizes and driver state: quick
+        what = f"stopped by {stop}" if isinstance(stop, Terminated) else str(stop)
+        logger.error("job stopped: %s", what)
+        print(f"job stopped: {what}\nlast complete checkpoint: "
               f"{last.path if last else 'none'} (a rerun with the same output_dir resumes from it)", file=sys.stderr)
-        return 1
+        return 143 if isinstance(stop, Terminated) else 1
     finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
         run.close(timeout_s=30.0 if failed else 120.0)
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)

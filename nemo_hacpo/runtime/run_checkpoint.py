@@ -2,28 +2,102 @@
 
     <output_dir>/checkpoints/step_000010/
         agents/<agent>/      trainer checkpoint (model, optimizer, scheduler, RNG; Megatron dist-checkpointing)
-        driver.json          written last
+        driver.json          the driver's state
+        manifest.json        every other file's size and content digest, written last
 
-A checkpoint is written under `step_000010.tmp/` and renamed into place only when every agent and the driver
-state are on disk, so a crash mid-save leaves the previous checkpoint as the latest complete one.
+A checkpoint is written under `step_000010.tmp/` and renamed into place only when every agent, the driver state
+and the manifest are on disk, so a crash mid-save leaves the previous checkpoint as the latest complete one.
+Only folders named exactly `step_<digits>` are checkpoints. Before a run resumes, the newest checkpoint is
+verified against its manifest (sizes, digests, a readable driver state); one that fails is moved aside as
+`step_<digits>.corrupt-<time>` with the bad file named, and the previous one is tried — nothing is deleted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
+import re
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 DRIVER_FILE = "driver.json"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_VERSION = 1
+STEP_DIR = re.compile(r"^step_(\d+)$")
+DIGEST_CHUNK = 8 << 20
 
 RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "summary.md", "reward_curve.png",
-                 "eval_accuracy.png", "hf", "eval", "engines")
-"""What a run writes into its output directory that belongs to that run (config.yaml is rewritten at start).
-`logs/` is not among them: a launcher (the Slurm job) writes there before the run starts, and the workers
-only ever append to their log files."""
+                 "eval_accuracy.png", "hf", "eval", "engines", "config.yaml")
+"""What a run writes into its output directory that belongs to that run (moved aside as a whole when a run
+starts over). `logs/` is not among them: a launcher (the Slurm job) writes there before the run starts, and
+the workers only ever append to their log files."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the checkpoint and the file."""
+
+
+def digest_algorithm() -> str:
+    """`blake3` (fast, multi-threaded; shipped with vLLM) when importable, else `sha256`."""
+    try:
+        import blake3  # noqa: F401
+    except ImportError:
+        return "sha256"
+    return "blake3"
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    """Hex digest of the file's content."""
+    if algorithm == "blake3":
+        import blake3
+
+        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+    elif algorithm == "sha256":
+        hasher = hashlib.sha256()
+    else:
+        raise ValueError(f"unknown digest algorithm {algorithm!r}")
+    with path.open("rb") as fh:
+        while chunk := fh.read(DIGEST_CHUNK):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def _files(root: Path) -> Iterable[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+
+
+def write_manifest(root: Path, hashes: bool = True) -> Path:
+    """`root/manifest.json`: the size (and with `hashes` the content digest) of every file below `root`."""
+    algorithm = digest_algorithm() if hashes else None
+    files = {str(p.relative_to(root)): {"bytes": p.stat().st_size,
+                                        **({"digest": file_digest(p, algorithm)} if algorithm else {})}
+             for p in _files(root)}
+    manifest = {"version": MANIFEST_VERSION, "algorithm": algorithm, "files": files}
+    return write_text_atomic(root / MANIFEST_FILE, json.dumps(manifest, indent=1))
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write `path` through a temporary file in the same folder, flushed to disk, then renamed over it: a reader
+    sees the old file or the whole new one, never a torn one (also when the disk fills up mid-write)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 @dataclass(frozen=True)
@@ -32,32 +106,93 @@ class RunCheckpoint:
 
     @property
     def step(self) -> int:
-        return int(self.path.name.split("_")[-1])
+        match = STEP_DIR.match(self.path.name)
+        if match is None:
+            raise ValueError(f"{self.path} is not a checkpoint folder (step_<digits>)")
+        return int(match.group(1))
 
     def agent_dir(self, agent: str) -> Path:
         return self.path / "agents" / agent
 
     def load_driver_state(self) -> dict[str, Any]:
-        return json.loads((self.path / DRIVER_FILE).read_text())
+        """The driver's state; a CheckpointError naming the file when it is missing or unreadable."""
+        path = self.path / DRIVER_FILE
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"{path}: the driver state is unreadable ({type(err).__name__}: {err})") from err
+        if not isinstance(state, dict) or "step" not in state:
+            raise CheckpointError(f"{path}: not a driver state (no 'step')")
+        return state
+
+    def problems(self, hashes: bool = True) -> list[str]:
+        """What is wrong with this checkpoint ([] = it verifies): every file of the manifest present with its
+        size (and with `hashes` its digest), no file the manifest does not list, a readable driver state."""
+        manifest_path = self.path / MANIFEST_FILE
+        if not manifest_path.is_file():
+            return [f"{MANIFEST_FILE} is missing (an interrupted save, or a checkpoint of an older version)"]
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+            files, algorithm = manifest["files"], manifest["algorithm"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+            return [f"{MANIFEST_FILE} is unreadable ({type(err).__name__}: {err})"]
+        problems = []
+        present = {str(p.relative_to(self.path)) for p in _files(self.path)}
+        for name in sorted(set(files) - present):
+            problems.append(f"{name} is missing")
+        for name in sorted(present - set(files)):
+            problems.append(f"{name} is not in the manifest")
+        for name in sorted(set(files) & present):
+            expected, path = files[name], self.path / name
+            size = path.stat().st_size
+            if size != expected["bytes"]:
+                problems.append(f"{name} has {size} bytes, the manifest says {expected['bytes']}")
+            elif hashes and algorithm and file_digest(path, algorithm) != expected.get("digest"):
+                problems.append(f"{name}: its content does not match the manifest's {algorithm} digest")
+        if not problems:
+            try:
+                self.load_driver_state()
+            except CheckpointError as err:
+                problems.append(str(err))
+        return problems
 
 
 def checkpoints(out_dir: str | Path) -> list[RunCheckpoint]:
-    """Complete checkpoints (with their driver file), oldest first."""
+    """Complete-looking checkpoints (`step_<digits>` folders with a driver file), oldest first; not verified."""
     root = Path(out_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [RunCheckpoint(p) for p in root.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+    found = [RunCheckpoint(p) for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)
              and (p / DRIVER_FILE).is_file()]
     return sorted(found, key=lambda c: c.step)
 
 
-def latest_checkpoint(out_dir: str | Path) -> RunCheckpoint | None:
-    found = checkpoints(out_dir)
-    return found[-1] if found else None
+def latest_checkpoint(out_dir: str | Path, *, hashes: bool = True, quarantine: bool = True) -> RunCheckpoint | None:
+    """The newest checkpoint that verifies (`RunCheckpoint.problems`), or None.
+
+    A newer one that fails is reported (the bad file named) and, with `quarantine`, renamed to
+    `step_<digits>.corrupt-<time>` so it is neither tried again nor pruned as if it were a checkpoint.
+    `hashes=False` checks sizes and the driver state only (fast, for messages on the way out of a failed run).
+    """
+    for candidate in reversed(checkpoints(out_dir)):
+        problems = candidate.problems(hashes=hashes)
+        if not problems:
+            return candidate
+        where = ""
+        if quarantine:
+            target = candidate.path.with_name(f"{candidate.path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+            candidate.path.rename(target)
+            where = f"; moved to {target.name}"
+        logger.warning("checkpoint %s failed verification and is skipped: %s%s", candidate.path,
+                       "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""),
+                       where)
+    return None
 
 
-def save_run_checkpoint(out_dir: str | Path, step: int, driver_state: dict[str, Any], groups, keep: int = 2) -> Path:
-    """Collective over every agent's ranks; atomic; keeps the newest `keep` checkpoints."""
+def save_run_checkpoint(out_dir: str | Path, step: int, driver_state: dict[str, Any], groups, keep: int = 2,
+                        hashes: bool = True) -> Path:
+    """Collective over every agent's ranks; atomic; keeps the newest `keep` checkpoints (0: all of them), never
+    pruning the one just written. `hashes`: content digests in the manifest (sizes only when False)."""
     root = Path(out_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
@@ -66,7 +201,8 @@ def save_run_checkpoint(out_dir: str | Path, step: int, driver_state: dict[str, 
     pending = {name: group.save_checkpoint(str(tmp / "agents" / name), step) for name, group in groups.items()}
     for call in pending.values():
         call.result()
-    (tmp / DRIVER_FILE).write_text(json.dumps(driver_state, indent=1))
+    write_text_atomic(tmp / DRIVER_FILE, json.dumps(driver_state, indent=1))
+    write_manifest(tmp, hashes=hashes)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)
@@ -78,7 +214,7 @@ def save_run_checkpoint(out_dir: str | Path, step: int, driver_state: dict[str, 
 
 
 def archive_previous_run(out_dir: str | Path) -> Path | None:
-    """Move an earlier run's artifacts (checkpoints, metrics, plots, rollouts, exports) out of the way.
+    """Move an earlier run's artifacts (checkpoints, metrics, plots, rollouts, exports, its config record) aside.
 
     A run that starts over in an output directory that already holds one (`runtime.resume=false`, or a run that
     died before its first checkpoint) would otherwise append to its metrics and prune its checkpoints by step

@@ -153,6 +153,7 @@ class AgentRank:
         """
         from nemo_hacpo.models.architecture import model_arch
         from nemo_hacpo.models.tokenizers import load_tokenizer
+        from nemo_hacpo.runtime.preflight import tokenizer_source
         from nemo_hacpo.training import MegatronTrainer, init_distributed
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -161,8 +162,7 @@ class AgentRank:
         init_distributed(self.rank, world, master_addr, master_port, timeout_s=self.collective_timeout_s,
                          local_rank=gpu, store=self._store if self.rank == 0 else None)
         self.engine_gpus = self._engine_gpus(gpu)
-        source = self.agent.tokenizer.source
-        self.tokenizer = load_tokenizer(self.agent.model.path if source == "model" else source)
+        self.tokenizer = load_tokenizer(tokenizer_source(self.agent))
         self.arch = model_arch(self.agent, len(self.tokenizer))
         self.trainer = MegatronTrainer(self.agent, self.arch, seed=self.seed, total_updates=self.total_updates,
                                        reference_model=self.keep_reference)

@@ -111,7 +111,7 @@ def _two_steps(run, scorer, algo) -> dict:
     last: dict = {}
     for _ in range(2):
         last = run.run_step(scorer)
-    last.update(run.evaluate())
+    last.update(run.evaluate(scorer))
     for a, totals in run.totals.items():
         for key, value in totals.items():
             last[f"{a}/{key}_total"] = value - before[a][key]

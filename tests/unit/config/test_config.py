@@ -6,6 +6,8 @@ import dataclasses
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nemo_hacpo import config as C
 from nemo_hacpo.config import ConfigError, load_config
@@ -360,3 +362,48 @@ def test_gpu_engines_must_be_colocated_and_tile_the_trainer_ranks():
     text = str(err.value)
     assert "agents[0].rollout.tensor_parallel_size: 3 does not divide the agent's 4 trainer ranks" in text
     assert "agents[1].rollout.colocated" in text
+
+
+# ------------------------------------------------------------------------------ gaps found by a fault probe
+@pytest.mark.parametrize(("override", "key"), [
+    ("agents.0.parallel.micro_batch_size=0", "agents[0].parallel.micro_batch_size"),
+    ("agents.1.parallel.dp=0", "agents[1].parallel.dp"),
+    ("agents.0.model.tiny.num_attention_heads=0", "agents[0].model.tiny.num_attention_heads"),
+    ("agents.1.model.tiny.num_layers=0", "agents[1].model.tiny.num_layers"),
+    ("agents.0.model.tiny.num_query_groups=0", "agents[0].model.tiny.num_query_groups"),
+    ("data.train.limit=-1", "data.train.limit"),
+    ("data.eval.limit=0", "data.eval.limit"),
+    ("data.train.size=0", "data.train.size"),
+    ("runtime.keep_checkpoints=-1", "runtime.keep_checkpoints"),
+    ("runtime.checkpoint_interval=-1", "runtime.checkpoint_interval"),
+    ("runtime.eval_interval=-2", "runtime.eval_interval"),
+    ("reward.num_workers=-1", "reward.num_workers"),
+    ("reward.max_response_chars=0", "reward.max_response_chars"),
+    ("data.on_invalid=ignore", "data.on_invalid"),
+])
+def test_every_probe_case_is_an_error_naming_its_key(override, key):
+    err = _error([override])
+    assert key in [issue.key for issue in err.issues], str(err)
+
+
+def test_zero_keeps_every_checkpoint_and_a_limit_of_one_is_fine():
+    cfg = load_config("pair_tiny", ["runtime.keep_checkpoints=0", "data.train.limit=1"])
+    assert (cfg.runtime.keep_checkpoints, cfg.data.train.limit) == (0, 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(
+    st.sampled_from(["algo.batch_size", "algo.group_size", "algo.updates_per_step", "algo.delta", "algo.alpha",
+                     "agents.0.parallel.tp", "agents.0.parallel.dp", "agents.1.parallel.micro_batch_size",
+                     "agents.0.model.tiny.num_attention_heads", "agents.1.model.tiny.hidden_size",
+                     "agents.0.max_prompt_length", "runtime.steps", "runtime.keep_checkpoints",
+                     "data.train.limit", "reward.timeout_s", "reward.num_workers", "algo.ratio_min"]),
+    st.one_of(st.integers(-3, 300), st.floats(-2, 20, allow_nan=False), st.sampled_from(["x", "null", "[]"])),
+    max_size=4))
+def test_fuzzed_overrides_validate_or_name_their_keys(overrides):
+    """Whatever the values, composing and validating gives a config or one ConfigError naming keys — never
+    another exception (a ZeroDivisionError deep in a check, a traceback from Hydra)."""
+    try:
+        load_config("pair_tiny", [f"{key}={value}" for key, value in overrides.items()])
+    except ConfigError as err:
+        assert err.issues and all(issue.key and issue.fix for issue in err.issues)

