@@ -46,7 +46,8 @@ class DataError(ConfigError):
 
 
 def data_error(what: str, issues: Sequence[DataIssue]) -> DataError:
-    return DataError([ConfigIssue(what, str(issue), "fix the record, or set data.on_invalid=skip to drop it")
+    return DataError([ConfigIssue(what, str(issue), "fix the record, or drop such records: data.on_invalid=skip "
+                                  "(recipes/evaluate.py: --on-invalid skip)")
                       for issue in issues])
 
 

@@ -65,12 +65,18 @@ def test_evaluate_a_finished_run(tmp_path, capsys):
         {"problem": "Write sixteen sevens.", "solution": SEVENS},
         {"problem": "word " * 200, "solution": SEVENS},  # ≈ 1,000 prompt tokens > max_prompt_length 128
     ]))
-    status = recipe.main(["--run", str(run), "--dataset", "heldout", "--dataset", str(local),
-                          "--field", "question=problem", "--field", "answer=solution", "--limit", "4",
-                          "--samples", "2", "--pass-k", "1,2", "--lenient", "--device", "cpu"])
+    args = ["--run", str(run), "--dataset", "heldout", "--dataset", str(local), "--field", "question=problem",
+            "--field", "answer=solution", "--limit", "4", "--samples", "2", "--pass-k", "1,2", "--lenient",
+            "--device", "cpu"]
+    # the run's data.on_invalid (error): the prompt no agent can read stops the evaluation before any engine starts,
+    # named with its file and line — the check a training run makes of its data
+    assert recipe.main(args) == 2
+    err = capsys.readouterr().err
+    assert f"{local}:3: prompt too long in tokens (llama_tiny: " in err and "data.on_invalid=skip" in err
+    status = recipe.main([*args, "--on-invalid", "skip"])  # dropped for every agent instead
     assert status == 0
     stdout = capsys.readouterr().out
-    assert "llama_tiny on heldout | 4 problems in" in stdout and "llama_tiny on sevens | 3 problems in" in stdout
+    assert "llama_tiny on heldout | 4 problems in" in stdout and "llama_tiny on sevens | 2 problems in" in stdout
     assert "problems/s" in stdout
 
     out = run / "eval"
@@ -78,10 +84,10 @@ def test_evaluate_a_finished_run(tmp_path, capsys):
     rows = _read_csv(out / "results.csv")
     assert sorted(rows) == ["heldout", "sevens"]
     sevens, heldout = rows["sevens"], rows["heldout"]
-    # greedy: "7" × 16 on both short problems (correct), the long prompt is not generated → 2/3
-    assert float(sevens["greedy_avg@1"]) == pytest.approx(2 / 3, abs=1e-6)
+    # greedy: "7" × 16 on both short problems (correct); the long one was dropped
+    assert float(sevens["greedy_avg@1"]) == pytest.approx(1.0, abs=1e-6) and int(sevens["n_problems"]) == 2
     assert (sevens["greedy_response_tokens"], sevens["greedy_truncation_rate"]) == ("16.000000", "1.000000")
-    assert sevens["prompt_too_long"] == "1" and heldout["prompt_too_long"] == "0"
+    assert sevens["prompt_too_long"] == "0" and heldout["prompt_too_long"] == "0"
     assert float(heldout["greedy_avg@1"]) == 0.0 and int(heldout["n_problems"]) == 4
 
     settings = json.loads((out / "results.json").read_text())["settings"]
@@ -112,3 +118,19 @@ def test_evaluate_a_finished_run(tmp_path, capsys):
     heldout_samples = [r["text"] for line in (out / "answers" / "llama_tiny__heldout.jsonl").read_text().splitlines()
                        for r in json.loads(line)["responses"] if r["mode"] == "sampled"]
     assert any(text != SEVENS for text in heldout_samples)  # sampling is on: P(8 × "7" × 16) ≈ 0.585⁸ ≈ 0.014
+
+
+def test_a_checkpoint_whose_weights_do_not_match_its_config_is_named(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    run = tmp_path / "run"
+    _finished_run(run)
+    weights_file = run / "hf" / "llama_tiny" / "model.safetensors"
+    weights = load_file(weights_file)
+    name = next(n for n in weights if "embed_tokens" in n)
+    weights[name] = weights[name][:, :64].contiguous()  # hidden size 64 where config.json says 128
+    save_file(weights, weights_file)
+    assert recipe.main(["--run", str(run), "--limit", "2", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert f"llama_tiny: the checkpoint at {run / 'hf' / 'llama_tiny'} does not start in vLLM" in err
+    assert "do its weights match its config.json?" in err and "Traceback" not in err

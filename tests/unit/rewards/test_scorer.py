@@ -240,3 +240,16 @@ def test_forkserver_start_method_scores() -> None:
     with MathRewardScorer(num_workers=1, start_method="forkserver", timeout_s=TIMEOUT_S) as pool:
         assert pool.wait_until_ready(timeout_s=120)
         assert pool.score(["\\boxed{\\frac{6}{4}}", "\\boxed{2}"], ["1.5", "3"]).rewards == [1.0, 0.0]
+
+
+def test_from_config_carries_every_reward_setting() -> None:
+    from nemo_hacpo.config import RewardConfig
+
+    reward = RewardConfig(strict=False, timeout_s=3.0, num_workers=0, max_response_chars=12)
+    with MathRewardScorer.from_config(reward) as pool:
+        assert (pool.num_workers, pool.timeout_s, pool.strict, pool.limits.max_response_chars) == (0, 3.0, False, 12)
+        # only the last 12 characters are read: the early box is cut away, the late one is kept
+        batch = pool.score(["\\boxed{1} and some more text, then \\boxed{2}"], ["2"])
+        assert batch.rewards == [1.0] and batch.truncated == [True]
+    with MathRewardScorer.from_config(reward, strict=True) as pool:
+        assert pool.strict is True
