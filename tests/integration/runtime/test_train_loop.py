@@ -34,17 +34,7 @@ def _config(out_dir, steps):
     ])
 
 
-COMPARED = ("reward_mean", "response_length_mean", "train/loss", "train/policy_loss", "train/grad_norm",
-            "train/self_ratio_mean", "capability", "eval_accuracy")
-
-
-def _flip_a_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))  # the same size: only the manifest's digest can tell
-
-
-def test_two_steps_with_checkpoint_and_exact_resume(tmp_path, caplog):
+def test_two_steps_with_checkpoint_and_exact_resume(tmp_path):
     import ray
 
     from nemo_hacpo.runtime.loop import train
@@ -58,23 +48,8 @@ def test_two_steps_with_checkpoint_and_exact_resume(tmp_path, caplog):
         assert state["tracker"]["steps"] == 1 and state["totals"]["llama_tiny"]["sequences_trained"] == 8
 
         assert train(_config(out, steps=2)) == 0  # resumes from step 1
-        step2 = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}[2]
-
-        # a corrupted newest checkpoint (same-size damage inside one agent's shard): the rerun says which file,
-        # moves it aside, resumes from step 1 and computes step 2 exactly as the first time
-        shard = max((out / "checkpoints" / "step_000002" / "agents" / "gpt_tiny").glob("*.distcp"),
-                    key=lambda p: p.stat().st_size)
-        _flip_a_byte(shard)
-        with caplog.at_level("WARNING", logger="nemo_hacpo.runtime.run_checkpoint"):
-            assert train(_config(out, steps=2)) == 0
     finally:
         ray.shutdown()
-    assert f"{shard.relative_to(out / 'checkpoints' / 'step_000002')}: its content does not match" in caplog.text
-    assert len(list((out / "checkpoints").glob("step_000002.corrupt-*"))) == 1
-    redone = {r["step"]: r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())}[2]
-    for agent in ("llama_tiny", "gpt_tiny"):
-        for key in COMPARED:
-            assert redone[f"{agent}/{key}"] == pytest.approx(step2[f"{agent}/{key}"], rel=1e-6, abs=1e-7), key
 
     assert latest_checkpoint(out).step == 2 and len(list((out / "checkpoints").glob("step_??????"))) == 2
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
