@@ -293,11 +293,9 @@ def results_markdown(summary: Sequence[Mapping[str, object]], paired: Sequence[M
 
 def write_plot(bands: Mapping[str, Mapping[str, Sequence[tuple[float, float, float]]]], path: str | Path) -> Path:
     """One panel per agent, one line per algorithm: accuracy vs rollouts generated, ± std band (Agg PNG)."""
-    import matplotlib
+    from nemo_hacpo.reporting import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     agents = list(bands)
     if not agents:
         raise ValueError("nothing to plot")
@@ -316,12 +314,7 @@ def write_plot(bands: Mapping[str, Mapping[str, Sequence[tuple[float, float, flo
         ax.set_ylabel("held-out accuracy (greedy)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def finite_or_none(value: object) -> object:

@@ -3,6 +3,7 @@
     markdown_table(rows, ["agent", "accuracy"])                 # floats to 3 decimals
     write_curves("metrics.jsonl", "reward.png", ["*/reward_mean"])   # one line per matching metric
     format_duration(75.0)                                         # "1:15"
+    plt = pyplot(); fig, ax = plt.subplots(); ...; save_figure(fig, "plot.png")   # Agg backend, 120-dpi PNG
 
 No training state, no Ray: everything here reads plain records (the JSONL metrics file is the source of truth).
 """
@@ -56,11 +57,7 @@ def select_series(records: Iterable[Mapping[str, float]], patterns: Sequence[str
 def write_curves(metrics_path: str | Path, plot_path: str | Path, patterns: Sequence[str],
                  title: str = "", ylabel: str = "") -> Path:
     """Plot every metric matching `patterns` against the step (PNG, matplotlib's Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     series = select_series(read_metrics(metrics_path), patterns)
     if not series:
         raise ValueError(f"no metric in {metrics_path} matches {list(patterns)}")
@@ -73,12 +70,29 @@ def write_curves(metrics_path: str | Path, plot_path: str | Path, patterns: Sequ
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    return save_figure(fig, plot_path)
+
+
+def pyplot() -> Any:
+    """`matplotlib.pyplot` on the Agg backend (files only, no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Lay `fig` out, write it as a 120-dpi PNG (creating the folder) and close it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    plot_path = Path(plot_path)
-    plot_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(plot_path, dpi=120)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return plot_path
+    return path
 
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:

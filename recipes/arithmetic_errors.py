@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from nemo_hacpo.data.arithmetic import ERROR_KINDS, classify_response
-from nemo_hacpo.reporting import markdown_table
+from nemo_hacpo.reporting import markdown_table, pyplot, save_figure
 
 WRONG_KINDS = tuple(kind for kind in ERROR_KINDS if kind != "none")
 
@@ -67,11 +67,7 @@ def breakdown(path: Path, mode: str) -> dict:
 
 
 def plot(rows: list[dict], target: Path, mode: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     kinds = [k for k in (*WRONG_KINDS, "right steps, rejected") if any(row[k] for row in rows)]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(rows) + 2), 4.5))
     bottom = [0.0] * len(rows)
@@ -84,9 +80,7 @@ def plot(rows: list[dict], target: Path, mode: str) -> None:
     ax.set_title("wrong responses by first error (the rest are correct)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     plt.setp(ax.get_xticklabels(), rotation=20, ha="right")
-    fig.tight_layout()
-    fig.savefig(target, dpi=120)
-    plt.close(fig)
+    save_figure(fig, target)
 
 
 def main(argv: list[str] | None = None) -> int:
