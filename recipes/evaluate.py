@@ -15,6 +15,7 @@ results.json (one row per agent × dataset) and answers/<agent>__<dataset>.jsonl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -78,6 +79,13 @@ def _plan(args: argparse.Namespace):
 
     if bool(args.run) == bool(args.model):
         raise ValueError("give either --run DIR or one or more --model NAME=DIR")
+    # the options on their own first: nothing is loaded for a mistake in them
+    if args.pass_k and args.samples < 1:
+        raise ValueError("--pass-k needs --samples K (sampled responses per problem)")
+    ks = parse_ks(args.pass_k, args.samples) if args.pass_k else ()
+    settings = EvalSettings(greedy=args.greedy, samples=args.samples, pass_ks=ks, temperature=args.temperature,
+                            top_p=args.top_p, seed=args.seed, batch_size=args.batch_size)
+    fields = parse_field_mapping(args.field)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.run:
         if args.config_name:
@@ -92,7 +100,6 @@ def _plan(args: argparse.Namespace):
     for target in targets:  # the engine's own checks (lengths vs the checkpoint's positions, dtype) before any start
         engine_settings(target.agent, target.model_dir, target.tokenizer_dir or target.model_dir, device=device)
 
-    fields = parse_field_mapping(args.field)
     heldout = cfg.data.eval if cfg is not None else None
     on_invalid = args.on_invalid or (cfg.data.on_invalid if cfg is not None else "error")
     system_prompt = cfg.data.system_prompt if cfg is not None else None
@@ -102,12 +109,7 @@ def _plan(args: argparse.Namespace):
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise ValueError(f"two datasets share a name ({names}); rename a local file")
-    if args.pass_k and args.samples < 1:
-        raise ValueError("--pass-k needs --samples K (sampled responses per problem)")
-    ks = parse_ks(args.pass_k, args.samples) if args.pass_k else ()
-    settings = EvalSettings(greedy=args.greedy, samples=args.samples, pass_ks=ks, temperature=args.temperature,
-                            top_p=args.top_p, seed=args.seed, batch_size=args.batch_size,
-                            system_prompt=system_prompt)
+    settings = dataclasses.replace(settings, system_prompt=system_prompt)
     out = args.out or (Path(args.run) / "eval" if args.run else DEFAULT_OUT)
     return cfg, targets, datasets, settings, device, out
 

@@ -25,6 +25,7 @@ learner's own (`is_own` False) but are trained with the own-row objective (`cros
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,7 +46,7 @@ def validate_rows(token_ids: Sequence[Sequence[int]], response_mask: Sequence[Se
             raise ValueError(f"row {index}: needs ≥ 2 tokens (a prompt token and a scored token), got {len(tokens)}")
         if mask[0]:
             raise ValueError(f"row {index}: the first token is marked as response, but no position predicts it")
-        if any(m not in (0, 1) for m in mask):
+        if not set(mask) <= {0, 1}:
             raise ValueError(f"row {index}: response_mask must hold 0/1 values")
 
 
@@ -69,6 +70,10 @@ class TrainingRows:
     ref_token_logprobs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        self._check_tensors()
+        validate_rows(self.token_ids, self.response_mask)
+
+    def _check_tensors(self) -> None:
         num_rows = len(self.token_ids)
         for name, dtype in _VECTORS.items():
             value = torch.as_tensor(getattr(self, name))
@@ -81,18 +86,23 @@ class TrainingRows:
             value = getattr(self, name)
             if value is not None and (value.ndim != 2 or value.shape[0] != num_rows):
                 raise ValueError(f"{name} must have shape [N, T] with N = {num_rows}, got {tuple(value.shape)}")
-        validate_rows(self.token_ids, self.response_mask)
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def num_own(self) -> int:
-        return int(self.is_own.sum())
-
     def replace(self, **changes) -> TrainingRows:
-        """A shallow copy with some fields replaced (the caller's rows stay untouched)."""
-        return dataclasses.replace(self, **changes)
+        """A shallow copy with some fields replaced (the caller's rows stay untouched). The token rows, checked
+        when these rows were made, are checked again only when they change."""
+        if "token_ids" in changes or "response_mask" in changes:
+            return dataclasses.replace(self, **changes)
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise TypeError(f"TrainingRows has no field(s) {sorted(unknown)}")
+        new = copy.copy(self)
+        for name, value in changes.items():
+            setattr(new, name, value)
+        new._check_tensors()
+        return new
 
     @classmethod
     def supervised(cls, token_ids: list[list[int]], response_mask: list[list[int]]) -> TrainingRows:

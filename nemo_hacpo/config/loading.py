@@ -12,7 +12,7 @@ from typing import Any
 
 from nemo_hacpo.config.checks import validate
 from nemo_hacpo.config.schema import AgentConfig, HacpoConfig
-from nemo_hacpo.config.typed import ConfigError, ConfigIssue, field_docs
+from nemo_hacpo.config.typed import ConfigError, ConfigIssue, field_docs, from_plain
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
@@ -33,8 +33,9 @@ def dump_config(cfg: HacpoConfig) -> str:
     return yaml.safe_dump(plain(dataclasses.asdict(cfg)), sort_keys=False, allow_unicode=True)
 
 
-def load_run_config(path: str | Path) -> HacpoConfig:
-    """The config a run saved (`<output_dir>/config.yaml`), validated again."""
+def load_run_config(path: str | Path, checks: bool = True) -> HacpoConfig:
+    """The config a run saved (`<output_dir>/config.yaml`), validated again; `checks=False` reads its types only
+    (no rule that looks at files or packages: what the run was made with, even if a model has moved since)."""
     import yaml
 
     path = Path(path)
@@ -49,7 +50,13 @@ def load_run_config(path: str | Path) -> HacpoConfig:
                                        "restore it, or start the run over")]) from err
     if not isinstance(raw, dict):
         raise ConfigError([ConfigIssue(str(path), "not a config mapping", "restore it, or start the run over")])
-    return validate(raw)
+    if checks:
+        return validate(raw)
+    issues: list[ConfigIssue] = []
+    cfg = from_plain(HacpoConfig, raw, "", issues)
+    if issues:
+        raise ConfigError(issues)
+    return cfg
 
 
 def compose(config_name: str = "pair_tiny", overrides: list[str] | tuple[str, ...] = (),

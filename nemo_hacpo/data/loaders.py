@@ -176,6 +176,7 @@ def load_problems(
     id_prefix: str | None = None,
     file_format: str | None = None,
     on_invalid: Policy = "error",
+    what: str = "data",
 ) -> list[MathProblem]:
     """Load a local JSONL/parquet file into :class:`MathProblem` records, every record checked.
 
@@ -195,6 +196,7 @@ def load_problems(
         id_prefix: prefix for generated ids (default: ``source``).
         file_format: passed to :func:`read_records`.
         on_invalid: `error` or `skip`.
+        what: names the data set in messages (`data.train`); each issue names its own `path:line`.
     """
     source_name = source if source is not None else Path(path).stem
     prefix = id_prefix if id_prefix is not None else source_name
@@ -219,7 +221,7 @@ def load_problems(
             ))
         except (KeyError, ValueError, TypeError) as err:
             issues.append(DataIssue(where, str(err).strip("'\"")))
-    return apply_policy(problems, issues, on_invalid, str(Path(path)))
+    return apply_policy(problems, issues, on_invalid, what)
 
 
 def bench_data_dir() -> Path:

@@ -69,5 +69,6 @@ def apply_policy(problems: Sequence[MathProblem], issues: Sequence[DataIssue], p
     more = f" (+{len(issues) - SHOWN_WHEN_SKIPPING} more)" if len(issues) > SHOWN_WHEN_SKIPPING else ""
     logger.warning("%s: skipped %d invalid record(s) (data.on_invalid=skip): %s%s", what, len(issues), shown, more)
     if not kept:
-        raise DataError([ConfigIssue(what, "every record is invalid", "fix the data")])
+        raise DataError([ConfigIssue(what, f"every record is invalid ({len(issues)}; the first: {issues[0]})",
+                                     "fix the data")])
     return kept

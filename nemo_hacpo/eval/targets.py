@@ -248,7 +248,7 @@ def load_dataset(spec: str, *, heldout: DatasetConfig | None = None, fields: Map
             problems = load_problems(path, question_field=fields.get("question", "question"),
                                      answer_field=fields.get("answer", "answer"), id_field=fields.get("id"),
                                      level_field=fields.get("level"), solution_field=fields.get("solution"),
-                                     on_invalid=on_invalid)
+                                     on_invalid=on_invalid, what=f"dataset {path.stem}")
         except DataError as err:
             hint = ConfigIssue("--field", "the columns may have other names",
                                f"map them with --field KEY=COLUMN (keys: {', '.join(FIELD_KEYS)})")

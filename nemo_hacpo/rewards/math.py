@@ -78,6 +78,13 @@ _PLAIN_INTEGER_RE = re.compile(r"[+-]?[0-9]{1,1000}")  # ASCII digits only
 _LATEX_TEXT_RE = re.compile(r"\\(?:text|mathrm|textbf|operatorname|mbox)\s*\{[^{}]*\}|\\[A-Za-z]+")
 """LaTeX commands and the text inside \\text{} (units, which math-verify drops): not words of a gold."""
 _WORD_RE = re.compile(r"[A-Za-z]{3,}")
+_NUMBER_WORDS = frozenset({
+    "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty", "thirty", "forty",
+    "fifty", "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million", "billion", "half", "quarter",
+})
+"""A gold that is a number in words (`four`) is invalid: the model's `4` would score wrong. One other word (`abc`,
+`even`, `yes`) stays a gold: math-verify compares it symbolically, the same on both sides; a phrase does not."""
 _MATH_WORDS = frozenset({
     "sin", "cos", "tan", "cot", "sec", "csc", "arcsin", "arccos", "arctan", "sinh", "cosh", "tanh", "log", "ln",
     "exp", "sqrt", "max", "min", "gcd", "lcm", "mod", "det", "inf", "sup", "lim", "deg", "pmod",
@@ -184,7 +191,7 @@ def _prepare_gold(gold: object, limits: VerifyLimits) -> str | ScoredAnswer:
     if len(gold_text) > limits.max_answer_chars or max_bracket_depth(gold_text) > limits.max_bracket_depth:
         return ScoredAnswer.of(RewardReason.INVALID_GOLD, detail="gold too long or nested too deeply")
     words = [w for w in _WORD_RE.findall(_LATEX_TEXT_RE.sub(" ", gold_text)) if w.lower() not in _MATH_WORDS]
-    if words:
+    if len(words) > 1 or any(w.lower() in _NUMBER_WORDS for w in words):
         return ScoredAnswer.of(RewardReason.INVALID_GOLD, detail=f"gold is written in words ({' '.join(words)!r}): "
                                "math-verify would read it as a product of single letters")
     return gold_text

@@ -135,10 +135,17 @@ def _limit_address_space(memory_limit_mb: int | None) -> None:
         pass
 
 
-def _debug_delay(settings: _WorkerSettings, prepared: PreparedAnswer) -> float:
-    """An hour for an answer holding a `sleep` debug marker (the time limit must cut it short), else 0."""
-    slow = any(marker in prepared.answer_text and action == "sleep" for marker, action in settings.debug_markers)
-    return 3600.0 if slow else 0.0
+def _debug_action(settings: _WorkerSettings, prepared: PreparedAnswer) -> str | None:
+    """The `DEBUG_ACTIONS` entry whose marker the answer holds (tests only), else None."""
+    for marker, action in settings.debug_markers:
+        if marker in prepared.answer_text:
+            return action
+    return None
+
+
+def _debug_delay(action: str | None) -> float:
+    """An hour for the `sleep` action (the time limit must cut it short), else 0."""
+    return 3600.0 if action == "sleep" else 0.0
 
 
 def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
@@ -158,15 +165,15 @@ def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
         if message is None:
             return
         task_key, prepared = message
-        for marker, action in settings.debug_markers:  # test hooks (DEBUG_ACTIONS)
-            if marker in prepared.answer_text and action == "hang":
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-                while True:
-                    time.sleep(3600)
-            elif marker in prepared.answer_text and action == "crash":
-                os._exit(3)
+        action = _debug_action(settings, prepared) if settings.debug_markers else None
+        if action == "hang":
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+            while True:
+                time.sleep(3600)
+        elif action == "crash":
+            os._exit(3)
         conn.send((task_key, score_prepared(prepared, settings.limits, settings.soft_timeout_s,
-                                            delay_s=_debug_delay(settings, prepared))))
+                                            delay_s=_debug_delay(action))))
 
 
 class _State(Enum):
@@ -407,7 +414,7 @@ class MathRewardScorer:
             self._warned_no_time_limit = True
         for index, prepared, _ in to_verify:
             results[index] = score_prepared(prepared, self.limits, self.timeout_s,
-                                            delay_s=_debug_delay(self._settings, prepared))
+                                            delay_s=_debug_delay(_debug_action(self._settings, prepared)))
 
     def _score_in_workers(self, to_verify: deque[tuple[int, PreparedAnswer, int]], results: list) -> None:
         hard_timeout_s = self.timeout_s + self.kill_grace_s

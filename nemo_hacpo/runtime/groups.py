@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 from nemo_hacpo.algo.rows import TrainingRows
 from nemo_hacpo.config import AgentConfig, HacpoConfig
 from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
-from nemo_hacpo.runtime.worker import AgentRank, OldLogprobs, RankInfo
+from nemo_hacpo.runtime.worker import AgentRank, OldLogprobs, RankInfo, rank_log_file
 from nemo_hacpo.training.loss_metrics import TrainMetrics
 from nemo_hacpo.training.objective import Objective
 
@@ -103,8 +103,8 @@ class Pending(Generic[T]):
                  combine: Callable[[list[Any]], T]):
         self.group, self.futures, self.what, self.ranks, self.combine = group, list(futures), what, ranks, combine
 
-    def result(self, timeout_s: float | None = None) -> T:
-        return self.combine(self.group.get(self.futures, self.what, self.ranks, timeout_s=timeout_s))
+    def result(self) -> T:
+        return self.combine(self.group.get(self.futures, self.what, self.ranks))
 
 
 def _first(results: list[Any]) -> Any:
@@ -277,7 +277,7 @@ class AgentGroup:
     def _log_hint(self, rank: int) -> str:
         if self.log_dir is None:
             return ""
-        return f" [its output: {os.path.join(self.log_dir, f'{self.agent.name}_rank{rank}.log')}]"
+        return f" [its output: {rank_log_file(self.log_dir, self.agent.name, rank)}]"
 
     def _failure(self, what: str, rank: int, err: Exception, pending: dict[Any, tuple[int, int]],
                  grace_s: float = 5.0) -> WorkerFailure:

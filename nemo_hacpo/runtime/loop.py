@@ -386,5 +386,5 @@ def train(cfg: HacpoConfig) -> int:
         if in_main:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
         run.close(timeout_s=30.0 if failed else 120.0)
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
+        if in_main:  # None: the handler was not installed from Python; restore the default then
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

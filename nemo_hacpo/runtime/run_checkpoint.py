@@ -10,6 +10,7 @@ and the manifest are on disk, so a crash mid-save leaves the previous checkpoint
 Only folders named exactly `step_<digits>` are checkpoints. Before a run resumes, the newest checkpoint is
 verified against its manifest (sizes, digests, a readable driver state); one that fails is moved aside as
 `step_<digits>.corrupt-<time>` with the bad file named, and the previous one is tried — nothing is deleted.
+A checkpoint written before checkpoints had a manifest is used when its driver state reads, with a warning.
 """
 
 from __future__ import annotations
@@ -130,11 +131,22 @@ class RunCheckpoint:
         size (and with `hashes` its digest), no file the manifest does not list, a readable driver state."""
         manifest_path = self.path / MANIFEST_FILE
         if not manifest_path.is_file():
-            return [f"{MANIFEST_FILE} is missing (an interrupted save, or a checkpoint of an older version)"]
+            # The folder is renamed into place after its manifest is written, so this is a checkpoint of a
+            # version before manifests: usable when its driver state reads, but its shards cannot be checked.
+            try:
+                self.load_driver_state()
+            except CheckpointError as err:
+                return [str(err)]
+            logger.warning("checkpoint %s has no %s (written before checkpoints had one): its files are not "
+                           "verified", self.path, MANIFEST_FILE)
+            return []
         try:
             manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-            files, algorithm = manifest["files"], manifest["algorithm"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+            files, algorithm, version = manifest["files"], manifest["algorithm"], manifest["version"]
+            if not isinstance(files, dict) or version != MANIFEST_VERSION:
+                raise ValueError(f"version {version!r} with {type(files).__name__} files "
+                                 f"(this version reads version {MANIFEST_VERSION})")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
             return [f"{MANIFEST_FILE} is unreadable ({type(err).__name__}: {err})"]
         problems = []
         present = {str(p.relative_to(self.path)) for p in _files(self.path)}
@@ -143,12 +155,15 @@ class RunCheckpoint:
         for name in sorted(present - set(files)):
             problems.append(f"{name} is not in the manifest")
         for name in sorted(set(files) & present):
-            expected, path = files[name], self.path / name
-            size = path.stat().st_size
-            if size != expected["bytes"]:
-                problems.append(f"{name} has {size} bytes, the manifest says {expected['bytes']}")
-            elif hashes and algorithm and file_digest(path, algorithm) != expected.get("digest"):
-                problems.append(f"{name}: its content does not match the manifest's {algorithm} digest")
+            try:
+                expected, path = files[name], self.path / name
+                size = path.stat().st_size
+                if size != expected["bytes"]:
+                    problems.append(f"{name} has {size} bytes, the manifest says {expected['bytes']}")
+                elif hashes and algorithm and file_digest(path, algorithm) != expected.get("digest"):
+                    problems.append(f"{name}: its content does not match the manifest's {algorithm} digest")
+            except (OSError, KeyError, TypeError, AttributeError, ValueError) as err:
+                problems.append(f"{name} cannot be checked ({type(err).__name__}: {err})")
         if not problems:
             try:
                 self.load_driver_state()
@@ -158,12 +173,11 @@ class RunCheckpoint:
 
 
 def checkpoints(out_dir: str | Path) -> list[RunCheckpoint]:
-    """Complete-looking checkpoints (`step_<digits>` folders with a driver file), oldest first; not verified."""
+    """The `step_<digits>` folders (each renamed into place when its save finished), oldest first; not verified."""
     root = Path(out_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [RunCheckpoint(p) for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)
-             and (p / DRIVER_FILE).is_file()]
+    found = [RunCheckpoint(p) for p in root.iterdir() if p.is_dir() and STEP_DIR.match(p.name)]
     return sorted(found, key=lambda c: c.step)
 
 

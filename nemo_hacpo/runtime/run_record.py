@@ -77,7 +77,7 @@ def check_resume(out_dir: str | Path, cfg: HacpoConfig) -> dict[str, tuple[Any, 
                        RECORD_FILE)
         return {}
     try:
-        recorded = load_run_config(path)
+        recorded = load_run_config(path, checks=False)  # what it was made with, even if a model moved since
     except ConfigError as err:
         raise ConfigError([ConfigIssue("runtime.resume", f"the run record {path} is not a valid config: {err}",
                                        "fix or remove it, or start over with runtime.resume=false")]) from err

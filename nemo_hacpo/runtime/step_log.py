@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from nemo_hacpo.reporting import format_duration, to_float
+from nemo_hacpo.runtime.run_checkpoint import write_text_atomic
 
 SINKS = ("console", "jsonl", "tensorboard", "wandb")
 
@@ -45,9 +46,7 @@ def drop_records_after(path: str | Path, step: int) -> int:
         else:
             kept.append(line)
     if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-        tmp.replace(path)
+        write_text_atomic(path, "".join(f"{line}\n" for line in kept))
     return dropped
 
 

@@ -45,8 +45,6 @@ class RankInfo:
     """The architecture family (llama, qwen3, gpt2, …)."""
     engine: dict[str, float] | None
     """The engine's start-up stats when this rank owns one, else None."""
-    log_file: str | None = None
-    """Where this rank's process output goes (None: inherited, e.g. in-process tests)."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +86,11 @@ def node_ip_address() -> str:
     return ray.util.get_node_ip_address()
 
 
+def rank_log_file(log_dir: str | Path, agent: str, rank: int) -> Path:
+    """`<log_dir>/<agent>_rank<rank>.log`: where a rank's process output goes."""
+    return Path(log_dir) / f"{agent}_rank{rank}.log"
+
+
 def redirect_output(log_file: Path) -> None:
     """Send this process's stdout and stderr (file descriptors 1 and 2, so also the engine processes it spawns
     and C++ libraries) to `log_file`, appending: third-party chatter belongs in the run's logs, not the console."""
@@ -114,9 +117,8 @@ class AgentRank:
         self.agent, self.rank, self.keep_reference = agent, rank, keep_reference
         self.collective_timeout_s = collective_timeout_s
         self.seed, self.run_dir, self.total_updates = seed, Path(run_dir), total_updates
-        self.log_file = Path(log_dir) / f"{agent.name}_rank{rank}.log" if log_dir else None
-        if self.log_file is not None:
-            redirect_output(self.log_file)
+        if log_dir is not None:
+            redirect_output(rank_log_file(log_dir, agent.name, rank))
         self._store: Any = None  # rank 0: the agent's rendezvous store, listening from `address` on
         self.trainer: MegatronTrainer | None = None
         self.engine: RolloutBackend | None = None
@@ -176,7 +178,7 @@ class AgentRank:
         engine = self.start_engine() if start_engine else None
         return RankInfo(agent=self.agent.name, rank=self.rank,
                         parameters=sum(p.numel() for p in self.trainer.model.parameters()), family=self.arch.family,
-                        engine=engine, log_file=str(self.log_file) if self.log_file else None)
+                        engine=engine)
 
     def _engine_gpus(self, gpu: int | None) -> list[int] | None:
         """Collective: the GPUs of this rank's engine ([] on CPU), or None when this rank owns no engine."""

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nemo_hacpo.algo import grpo_token_loss, hacpo_loss, low_var_kl, sequence_mean_logprob
-from nemo_hacpo.algo.registry import LOSS_KINDS, LossKind, algorithm
+from nemo_hacpo.algo.registry import LossKind, algorithm
 
 if TYPE_CHECKING:
     from nemo_hacpo.config import AlgoConfig
@@ -70,8 +70,8 @@ class Objective:
     """token: aggregation (`algo.GRPO_AGGREGATIONS`)."""
 
     def __post_init__(self) -> None:
-        if self.loss not in LOSS_KINDS:
-            raise ValueError(f"unknown loss {self.loss!r}; choose from {LOSS_KINDS}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss {self.loss!r}; choose from {sorted(LOSSES)}")
         if self.updates_per_step < 1:
             raise ValueError(f"updates_per_step must be ≥ 1, got {self.updates_per_step}")
 
@@ -91,11 +91,7 @@ class Objective:
 
     @property
     def token_level(self) -> bool:
-        """Loss statistics are over tokens (token-level PPO), not sequences."""
-        return self.loss == "token"
-
-    @property
-    def needs_old_token_logprobs(self) -> bool:
+        """Token-level PPO: its ratios need the rows' old token log-probs, its statistics are over tokens."""
         return self.loss == "token"
 
     @property

@@ -169,7 +169,6 @@ class MegatronTrainer:
         self.use_te = use_te if use_te is not None else (on_gpu and _transformer_engine_available())
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
-        self.pp_size = parallel_state.get_pipeline_model_parallel_world_size()
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
         self.dp_rank = parallel_state.get_data_parallel_rank()
         self.dp_size = parallel_state.get_data_parallel_world_size()
@@ -177,7 +176,6 @@ class MegatronTrainer:
         self.is_last_stage = parallel_state.is_pipeline_last_stage()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
-        self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.model_parallel = ModelParallel.from_megatron()  # this rank's TP/PP place, for HF import/export
         self.pp_last_rank = parallel_state.get_pipeline_model_parallel_last_rank()
 
@@ -402,7 +400,7 @@ class MegatronTrainer:
             raise ValueError("kl_coef > 0 needs a reference model: build the trainer with reference_model=True")
         lengths = [len(row) - 1 for row in rows.token_ids]
         forward_passes = 0
-        if objective.needs_old_token_logprobs and rows.old_token_logprobs is None:
+        if objective.token_level and rows.old_token_logprobs is None:
             rows = rows.replace(old_token_logprobs=self.compute_token_logprobs(rows.token_ids, rows.response_mask))
             forward_passes += 1
         if objective.kl_coef > 0 and rows.ref_token_logprobs is None:

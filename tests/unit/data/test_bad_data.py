@@ -43,8 +43,8 @@ def _problems_of(error: DataError) -> list[str]:
 def test_each_bad_record_is_named_with_its_file_and_line(tmp_path, record, message):
     path = _jsonl(tmp_path, [json.dumps({"question": "2 + 2?", "answer": 4}), json.dumps(record)])
     with pytest.raises(DataError) as info:
-        load_problems(path)
-    assert [issue.key for issue in info.value.issues] == [str(path)]
+        load_problems(path, what="data.train")
+    assert [issue.key for issue in info.value.issues] == ["data.train"]
     (problem,) = _problems_of(info.value)
     assert problem.startswith(f"{path}:2: {message}"), problem
     assert "data.on_invalid=skip" in str(info.value) and str(info.value).startswith("invalid data (1 problem(s))")
@@ -136,7 +136,7 @@ def test_fuzzed_jsonl_loads_clean_problems_or_names_a_line(tmp_path, rows):
     try:
         problems = load_problems(path, on_invalid="skip")
     except DataError as err:  # an empty file, or every record bad: named, never a raw traceback
-        assert err.issues and all(issue.key == str(path) for issue in err.issues)
+        assert err.issues and all(str(path) in str(issue) for issue in err.issues)
         return
     for problem in problems:
         assert problem.question.strip() and problem.answer.strip() and problem.origin.startswith(f"{path}:")

@@ -9,6 +9,7 @@ import pytest
 
 from nemo_hacpo.config import AgentConfig, DatasetConfig, dump_config, load_config
 from nemo_hacpo.data.loaders import AIME2025_SIZE
+from nemo_hacpo.data.validation import DataError
 from nemo_hacpo.eval.targets import (
     default_agent_config,
     load_dataset,
@@ -63,9 +64,12 @@ def test_dataset_errors_name_what_was_looked_at(tmp_path):
                                                 f"'aime2025'\\] and no file exists at {missing}"):
         load_dataset(str(missing))
     path = _write_jsonl(tmp_path / "d.jsonl", ROWS)
-    with pytest.raises(KeyError, match=f"{path}: field 'answer': no key 'answer' \\(available: \\['meta', "
-                                       "'problem', 'solution'\\]\\); map the file's columns with --field"):
+    with pytest.raises(DataError) as info:
         load_dataset(str(path))  # the file has `problem` / `solution`: a mapping is needed
+    assert [issue.key for issue in info.value.issues] == ["dataset d"] * 3 + ["--field"]
+    assert info.value.issues[0].problem == (f"{path}:1: field 'answer': no key 'answer' "
+                                            "(available: ['meta', 'problem', 'solution'])")
+    assert "map them with --field KEY=COLUMN" in info.value.issues[-1].fix
     with pytest.raises(ValueError, match="limit must be ≥ 1"):
         load_dataset("heldout", limit=0)
     with pytest.raises(ValueError, match="unknown key 'prompt'; use one of \\['question', 'answer', 'id'"):

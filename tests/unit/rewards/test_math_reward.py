@@ -135,7 +135,10 @@ CASES = [
     ("\\boxed{8} was wrong; the answer is \\boxed{7}", "7", False, 1.0, C),
     ("\\boxed{8} was wrong; the answer is \\boxed{7}", "8", False, 0.0, W),
     ("\\boxed{4}", "four apples", True, 0.0, INV),  # a gold in words
-    ("\\boxed{yes}", "yes", False, 0.0, INV),
+    ("\\boxed{4}", "four", True, 0.0, INV),  # a number in words: the model's 4 would score wrong
+    ("\\boxed{yes}", "yes", False, 1.0, C),  # one word: compared symbolically, the same on both sides
+    ("\\boxed{no}", "yes", True, 0.0, W),
+    ("\\boxed{abc}", "abc", True, 1.0, C),
     ("\\boxed{5}", "5 \\text{ apples}", True, 1.0, C),  # a unit in \\text{} is not a word of the gold
     ("\\boxed{\\sin x}", "\\sin x", True, 1.0, C),
     ("First $\\boxed{1}$, then $\\boxed{2}$.", "2", False, 1.0, C),

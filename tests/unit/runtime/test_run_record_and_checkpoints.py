@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -100,6 +101,26 @@ def test_identity_covers_the_agents_list_and_the_seed():
     assert set(identity_changes(differences(two, seeded))) == {"runtime.seed"}
 
 
+def test_a_moved_model_is_named_as_a_change_not_as_a_broken_record(tmp_path):
+    """The record is read for what it says, not re-checked against today's files: a model folder that has moved
+    since is the identity change `agents[0].model.path`, not "the run record is not a valid config"."""
+    shape = {"num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 2}
+    old_dir, new_dir = tmp_path / "model_old", tmp_path / "model_new"
+    new_dir.mkdir()
+    (new_dir / "config.json").write_text(json.dumps(shape))
+    out = tmp_path / "run"
+    out.mkdir()
+    model = ["agents.0.model.source=hf", "agents.0.tokenizer.source=hf"]
+    recorded = load_config("pair_tiny", [f"runtime.output_dir={out}", *model, f"agents.0.model.path={new_dir}"])
+    write_record(out, dataclasses.replace(recorded, agents=[
+        dataclasses.replace(recorded.agents[0], model=dataclasses.replace(recorded.agents[0].model, path=str(old_dir))),
+        recorded.agents[1]]))  # as if written before the folder moved
+    with pytest.raises(ConfigError) as info:
+        check_resume(out, recorded)
+    assert [issue.key for issue in info.value.issues] == ["agents[0].model.path"]
+    assert f"was made with {str(old_dir)!r}, this start asks for {str(new_dir)!r}" in str(info.value)
+
+
 def test_an_unreadable_record_is_named(tmp_path):
     (tmp_path / RECORD_FILE).write_text("agents: [unterminated\n")
     with pytest.raises(ConfigError, match=f"runtime.resume: the run record {tmp_path / RECORD_FILE}"):
@@ -135,7 +156,9 @@ def test_a_saved_checkpoint_verifies_and_lists_every_file(tmp_path):
     ("truncate", "agents/a/__0_0.distcp has 100 bytes, the manifest says 16384"),
     ("flip", "agents/a/__0_0.distcp: its content does not match the manifest's"),
     ("empty_driver", "driver.json has 0 bytes, the manifest says"),
-    ("no_manifest", "manifest.json is missing"),
+    ("no_driver", "driver.json is missing"),
+    ("bad_entry", "agents/a/.metadata cannot be checked (TypeError"),
+    ("old_manifest", "manifest.json is unreadable (ValueError: version 0"),
     ("extra_file", "agents/a/stray.bin is not in the manifest"),
     ("missing_file", "agents/a/.metadata is missing"),
 ])
@@ -151,8 +174,15 @@ def test_a_damaged_newest_checkpoint_is_skipped_naming_the_file(tmp_path, caplog
         shard.write_bytes(bytes(data))
     elif damage == "empty_driver":
         (newest / DRIVER_FILE).write_text("")
-    elif damage == "no_manifest":
-        (newest / MANIFEST_FILE).unlink()
+    elif damage == "no_driver":
+        (newest / DRIVER_FILE).unlink()
+    elif damage in ("bad_entry", "old_manifest"):
+        manifest = json.loads((newest / MANIFEST_FILE).read_text())
+        if damage == "bad_entry":
+            manifest["files"]["agents/a/.metadata"] = [5]
+        else:
+            manifest["version"] = 0
+        (newest / MANIFEST_FILE).write_text(json.dumps(manifest))
     elif damage == "extra_file":
         (newest / "agents" / "a" / "stray.bin").write_bytes(b"x")
     else:
@@ -163,6 +193,19 @@ def test_a_damaged_newest_checkpoint_is_skipped_naming_the_file(tmp_path, caplog
     assert f"{newest} failed verification" in caplog.text and expected in caplog.text
     assert not newest.exists() and len(list(newest.parent.glob("step_000002.corrupt-*"))) == 1  # moved, kept
     assert [c.step for c in checkpoints(tmp_path)] == [1]
+
+
+def test_a_checkpoint_from_before_manifests_is_used_with_a_warning(tmp_path, caplog):
+    """Written by a version without manifests (the folder was renamed into place, so the save had finished): used
+    when its driver state reads, said to be unverified; one whose driver state does not read is skipped."""
+    found = _saved(tmp_path, 1, 2, 3)
+    for step in (2, 3):
+        (found[step].path / MANIFEST_FILE).unlink()
+    (found[3].path / DRIVER_FILE).write_text("")
+    with caplog.at_level("WARNING"):
+        assert latest_checkpoint(tmp_path).step == 2
+    assert f"checkpoint {found[2].path} has no manifest.json" in caplog.text and "not verified" in caplog.text
+    assert f"{found[3].path} failed verification" in caplog.text and "driver state is unreadable" in caplog.text
 
 
 def test_sizes_only_mode_and_an_unreadable_driver_record(tmp_path):

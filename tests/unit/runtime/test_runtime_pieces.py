@@ -93,8 +93,9 @@ def test_checkpoint_discovery_ignores_partial_saves(tmp_path):
         (root / name).mkdir(parents=True)
         if complete:
             (root / name / DRIVER_FILE).write_text(json.dumps({"step": int(name[5:11])}))
-    assert [c.step for c in checkpoints(tmp_path)] == [5, 10]  # .tmp and driver-less dirs are not checkpoints
-    latest = latest_checkpoint(tmp_path)
+    assert [c.step for c in checkpoints(tmp_path)] == [5, 10, 20]  # a .tmp folder is not a checkpoint
+    latest = latest_checkpoint(tmp_path)  # step 20 has no driver state: moved aside
+    assert [c.step for c in checkpoints(tmp_path)] == [5, 10]
     assert latest.step == 10 and latest.load_driver_state() == {"step": 10}
     assert latest.agent_dir("a") == root / "step_000010" / "agents" / "a"
     assert latest_checkpoint(tmp_path / "nothing") is None
@@ -131,9 +132,9 @@ def test_starting_over_moves_the_earlier_run_aside(tmp_path):
     (tmp_path / "notes.txt").write_text("the user's own file\n")
     moved = archive_previous_run(tmp_path)
     assert moved.parent == tmp_path / "previous"
-    assert sorted(p.name for p in moved.iterdir()) == ["checkpoints", "metrics.jsonl"]
+    assert sorted(p.name for p in moved.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl"]
     assert latest_checkpoint(tmp_path) is None and latest_checkpoint(moved).step == 5  # intact, just elsewhere
-    assert (tmp_path / "notes.txt").is_file() and (tmp_path / "config.yaml").is_file()
+    assert (tmp_path / "notes.txt").is_file() and not (tmp_path / "config.yaml").exists()
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     assert archive_previous_run(tmp_path) != moved  # a second start-over in the same second gets its own folder
 

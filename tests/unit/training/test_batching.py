@@ -119,8 +119,14 @@ def test_scored_token_counts_are_response_lengths() -> None:
 def test_training_rows_check_their_fields() -> None:
     rows = _rows([[1, 2, 3], [4, 5]], [[0, 1, 1], [0, 1]], omega=torch.tensor([1, 3]))
     assert rows.omega.dtype == torch.float32 and rows.omega.tolist() == [1.0, 3.0]  # converted once
-    assert len(rows) == 2 and rows.num_own == 1 and rows.old_token_logprobs is None
+    assert len(rows) == 2 and rows.is_own.tolist() == [True, False] and rows.old_token_logprobs is None
     assert rows.replace(advantages=torch.ones(2)).advantages.tolist() == [1.0, 1.0] and rows.advantages[0] == 0.0
+    with pytest.raises(ValueError, match=r"old_token_logprobs must have shape \[N, T\] with N = 2"):
+        rows.replace(old_token_logprobs=torch.zeros(3, 4))  # a replaced field is checked like a new one
+    with pytest.raises(TypeError, match="no field"):
+        rows.replace(omega_=torch.ones(2))
+    with pytest.raises(ValueError, match="first token"):
+        rows.replace(response_mask=[[1, 1, 1], [0, 1]])  # new token rows: checked again
     with pytest.raises(ValueError, match="cross_objective must be a bool tensor"):
         _rows([[1, 2]], [[0, 1]], cross_objective=torch.tensor([0]))
     with pytest.raises(ValueError, match=r"old_token_logprobs must have shape \[N, T\]"):

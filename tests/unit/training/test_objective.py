@@ -39,7 +39,7 @@ def test_objective_of_each_algorithm_follows_its_registry_entry() -> None:
                                     ablation=AblationConfig(cross_clip=False)))
     assert (hacpo.alpha, hacpo.delta, hacpo.updates_per_step, hacpo.kl_coef, hacpo.cross_clip) == (3.0, 0.1, 2, 0.01,
                                                                                                    False)
-    assert not hacpo.needs_old_token_logprobs and Objective.of(AlgoConfig(name="grpo")).needs_old_token_logprobs
+    assert not hacpo.token_level and Objective.of(AlgoConfig(name="grpo")).token_level
     sft = Objective.sft()
     assert (sft.loss, sft.updates_per_step, sft.kl_coef) == ("nll", 1, 0.0) and set(LOSSES) == {"sequence", "token",
                                                                                                   "nll"}
