@@ -184,7 +184,7 @@ done
 "${srun_one[@]}" -w "$head_node" "$PYTHON" "$REPO_DIR/recipes/train.py" --config-name "$CONFIG" \
     runtime.cluster.ray_address="$head_ip:$RAY_PORT" runtime.cluster.num_nodes="${#nodes[@]}" \
     runtime.cluster.gpus_per_node="$gpus_per_node" runtime.output_dir="$HACPO_OUTPUT_DIR" \
-    "${overrides[@]}" > >(tee -a "$LOG_DIR/driver.log") 2>&1 &
+    "${overrides[@]}" > >(trap "" TERM; exec tee -a "$LOG_DIR/driver.log") 2>&1 &
 driver_pid=$!
 status=0
 wait "$driver_pid" || status=$?

@@ -33,6 +33,7 @@ from nemo_hacpo.training.loss_metrics import TrainMetrics
 from nemo_hacpo.training.objective import Objective
 
 logger = logging.getLogger(__name__)
+_RELEASE_WAIT_S = 5.0  # the longest a shutdown waits for Ray to confirm a placement group is released
 
 T = TypeVar("T")
 
@@ -303,13 +304,24 @@ class AgentGroup:
         return failure
 
     def shutdown(self, timeout_s: float = 120.0) -> None:
-        """Stop the engines and process groups cleanly (up to `timeout_s`), then kill the actors."""
-        import ray
-        from ray.util.placement_group import remove_placement_group
-
+        """Stop the engines and process groups cleanly (up to `timeout_s`), kill the actors, release the
+        placement group. `HacpoRun.close` runs the same three phases for all its groups at once."""
         deadline = time.monotonic() + timeout_s
-        futures = [actor.shutdown.remote() for actor in self.actors]
-        for rank, future in enumerate(futures):  # each rank on its own: a dead one must not cut the others short
+        self.finish_shutdown(self.start_shutdown(), deadline)
+        wait_released([self.release_placement()], deadline)
+
+    def start_shutdown(self) -> list[Any]:
+        """Ask every rank to stop its engine and process groups; the pending calls, for `finish_shutdown`.
+        Separate so that a run stops all its groups at once, within one deadline (a scheduler's stop leaves
+        seconds, not minutes, before it kills the job)."""
+        return [actor.shutdown.remote() for actor in self.actors]
+
+    def finish_shutdown(self, pending: list[Any], deadline: float) -> None:
+        """Wait for the clean shutdown until `deadline` (`time.monotonic()`), then kill the actors. A rank that
+        fails or runs out of time is logged, not raised."""
+        import ray
+
+        for rank, future in enumerate(pending):  # each rank on its own: a dead one must not cut the others short
             try:
                 ray.get(future, timeout=max(deadline - time.monotonic(), 0.0))
             except Exception as err:  # noqa: BLE001 - shutting down after a failure must not hide it
@@ -317,7 +329,38 @@ class AgentGroup:
                                type(err).__name__, err)
         for actor in self.actors:
             ray.kill(actor)
-        remove_placement_group(self.placement)
+
+    def release_placement(self) -> tuple[str, threading.Event]:
+        """Start releasing the placement group; the agent's name and an event set once Ray confirmed.
+
+        On a live cluster this takes milliseconds. When the cluster itself is going away (a Slurm cancel stops
+        the Ray head together with the driver) the call blocks on Ray's control store for minutes, so it runs
+        in a daemon thread that `wait_released` may leave behind: Ray releases the group when the driver's job
+        ends anyway."""
+        from ray.util.placement_group import remove_placement_group
+
+        done = threading.Event()
+
+        def release() -> None:
+            try:
+                remove_placement_group(self.placement)
+            except Exception as err:  # noqa: BLE001 - logged: the run is ending
+                logger.warning("agent %s: releasing the placement group failed (%s: %s)", self.agent.name,
+                               type(err).__name__, err)
+            done.set()
+
+        threading.Thread(target=release, name=f"release-{self.agent.name}", daemon=True).start()
+        return self.agent.name, done
+
+
+def wait_released(releases: list[tuple[str, threading.Event]], deadline: float) -> None:
+    """Wait for `AgentGroup.release_placement`s until `deadline`, at least 1 s and at most `_RELEASE_WAIT_S`;
+    one not confirmed by then is logged and left to Ray."""
+    wait_until = time.monotonic() + min(max(deadline - time.monotonic(), 1.0), _RELEASE_WAIT_S)
+    for name, done in releases:
+        if not done.wait(max(wait_until - time.monotonic(), 0.0)):
+            logger.warning("agent %s: Ray did not confirm releasing the placement group (is the Ray cluster going "
+                           "down?); Ray releases it when the driver exits", name)
 
 
 def _put(value: Any) -> Any:

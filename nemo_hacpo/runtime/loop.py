@@ -31,7 +31,7 @@ from nemo_hacpo.rollout.outputs import GenerationResult, agent_rollouts, rollout
 from nemo_hacpo.rollout.sampling import call_base_seed
 from nemo_hacpo.runtime.cross_path import CrossPathMonitor
 from nemo_hacpo.runtime.evaluation import evaluate_agents
-from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray
+from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray, wait_released
 from nemo_hacpo.runtime.preflight import check_agents, tokenizer_source
 from nemo_hacpo.runtime.run_checkpoint import archive_previous_run, latest_checkpoint, save_run_checkpoint
 from nemo_hacpo.runtime.run_record import check_resume, write_record
@@ -343,16 +343,32 @@ class HacpoRun:
         return table
 
     def close(self, timeout_s: float = 120.0) -> None:
-        for group in self.groups.values():
-            group.shutdown(timeout_s)
+        """Shut every agent's group down, engines first: all groups are asked at once and share one deadline
+        (the placement groups' release too, see `groups.wait_released`)."""
+        deadline = time.monotonic() + timeout_s
+        pending = {name: group.start_shutdown() for name, group in self.groups.items()}
+        for name, group in self.groups.items():
+            group.finish_shutdown(pending[name], deadline)
+        wait_released([group.release_placement() for group in self.groups.values()], deadline)
 
 
-class Terminated(Exception):
-    """SIGTERM (a `kill`, a scheduler's stop) arrived: the run stops and shuts its engines down first."""
+class Terminated(KeyboardInterrupt):
+    """A stop signal (SIGTERM: a `kill`, a scheduler's stop) arrived: the run stops and shuts its engines down.
+
+    A KeyboardInterrupt, not an Exception: Ray's blocking calls (`ray.get`, `ray.wait`) hand an interrupt raised
+    by a signal handler back to the caller as a plain KeyboardInterrupt, while any other exception comes out as
+    a SystemError. `_StopSignal.received` says which signal it was."""
 
 
-def _raise_terminated(signum: int, frame: Any) -> None:
-    raise Terminated(signal.Signals(signum).name)
+class _StopSignal:
+    """The SIGTERM handler: records the signal, then interrupts whatever the main thread is doing."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.received = signal.Signals(signum).name
+        raise Terminated(self.received)
 
 
 def train(cfg: HacpoConfig) -> int:
@@ -367,24 +383,28 @@ def train(cfg: HacpoConfig) -> int:
         print(err, file=sys.stderr)
         return 2
     in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main else None
-    failed = False
+    stop_signal = _StopSignal()
+    previous = signal.signal(signal.SIGTERM, stop_signal) if in_main else None
+    shutdown_s = 120.0  # a normal end: the engines' own shutdown may take a while
     try:
         return run.fit()
     except ConfigError as err:  # a start-up check: the run record, the data
         print(err, file=sys.stderr)
         return 2
-    except (WorkerFailure, Terminated) as stop:
-        failed = True
+    except (WorkerFailure, KeyboardInterrupt) as stop:
+        if isinstance(stop, KeyboardInterrupt) and stop_signal.received is None:
+            raise  # Ctrl-C: Python's own behaviour (the groups still shut down below)
+        # A worker failure: the failed ranks will not answer. A signal: Slurm's KillWait (30 s by default)
+        # counts from the SIGTERM, so the shutdown gets seconds, not minutes.
+        shutdown_s = 30.0 if isinstance(stop, WorkerFailure) else 15.0
         last = latest_checkpoint(run.out_dir, hashes=False, quarantine=False)  # sizes and driver state: quick
-        what = f"stopped by {stop}" if isinstance(stop, Terminated) else str(stop)
-        logger.error("job stopped: %s", what)
+        what = str(stop) if isinstance(stop, WorkerFailure) else f"stopped by {stop_signal.received}"
         print(f"job stopped: {what}\nlast complete checkpoint: "
               f"{last.path if last else 'none'} (a rerun with the same output_dir resumes from it)", file=sys.stderr)
-        return 143 if isinstance(stop, Terminated) else 1
+        return 1 if isinstance(stop, WorkerFailure) else 143
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
-        run.close(timeout_s=30.0 if failed else 120.0)
+        run.close(timeout_s=shutdown_s)
         if in_main:  # None: the handler was not installed from Python; restore the default then
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

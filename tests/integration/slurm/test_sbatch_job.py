@@ -185,7 +185,9 @@ def test_sbatch_runs_the_tiny_pair_for_two_steps(slurm_env, tmp_path):
 
 
 def test_scancel_tears_down_ray_and_the_engines(slurm_env, tmp_path):
-    """Cancelled while the agents' actors run: the trap stops the driver and Ray; no process of the job is left."""
+    """Cancelled while the agents' actors run: the trap stops the driver and Ray within Slurm's KillWait (30 s
+    here; the job is SIGKILLed after it, and the trap's last line would be missing); no process of the job is
+    left; the driver's stop message, which names the checkpoint to resume from, reaches its log."""
     submit, job_id, job_out = _sbatch(slurm_env, tmp_path, wait=False)
     assert submit.returncode == 0 and job_id.isdigit(), submit.stderr
     conf = slurm_env["SLURM_CONF"]
@@ -202,3 +204,5 @@ def test_scancel_tears_down_ray_and_the_engines(slurm_env, tmp_path):
     assert _wait_until_gone(job_id, conf) == []
     text = job_out.read_text()
     assert "[hacpo] cancelled (SIGTERM)" in text and "ray stopped on 1 node(s)" in text, _tail(job_out)
+    driver_log = (tmp_path / "run" / "logs" / "driver.log").read_text()
+    assert "job stopped: stopped by SIGTERM\nlast complete checkpoint: none" in driver_log, driver_log[-2000:]

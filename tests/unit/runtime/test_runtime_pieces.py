@@ -281,3 +281,22 @@ def test_a_prompt_too_long_for_any_agent_stops_the_start_naming_file_and_line(tm
     assert "> 128" in issue.problem
     run = HacpoRun(load_config("pair_tiny", [*overrides, "data.on_invalid=skip"]))
     assert [p.origin for p in run.train_set.problems] == [f"{data}:{line}" for line in (1, 2, 3, 5)]
+
+
+def test_the_sigterm_handler_interrupts_as_a_keyboard_interrupt_and_names_the_signal():
+    """Ray's blocking calls pass a KeyboardInterrupt from a signal handler through unchanged (any other exception
+    becomes a SystemError), so the stop must be one; the handler remembers which signal it was."""
+    import signal
+
+    from nemo_hacpo.runtime.loop import Terminated, _StopSignal
+
+    handler = _StopSignal()
+    assert handler.received is None
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(KeyboardInterrupt) as caught:
+            signal.raise_signal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert isinstance(caught.value, Terminated) and not isinstance(caught.value, Exception)
+    assert handler.received == "SIGTERM"
