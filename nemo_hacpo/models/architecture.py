@@ -371,7 +371,7 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, precision: Pre
                        device: Literal["cpu", "cuda"] = "cpu", **overrides: Any):
     """Megatron `TransformerConfig` for `arch` under the agent's layout and numerics.
 
-    CPU: fp32, no fusions (their kernels need CUDA), no sequence parallel (torch's LayerNorm refuses it on CPU).
+    CPU: fp32 (fp16 for tests), no fusions (their kernels need CUDA), no sequence parallel (torch's LayerNorm refuses it on CPU).
     CUDA: the dtype asked for, fusions on, and FP8 (format, recipe, fp8_param, BF16 first/last layers) mapped onto
     Megatron's fields.
     """
@@ -379,8 +379,9 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, precision: Pre
 
     dtype = DTYPES[precision.dtype]
     on_gpu = device == "cuda"
-    if not on_gpu and (precision.dtype != "fp32" or precision.fp8 is not None):
-        raise ValueError("CPU training runs in fp32 without FP8 (precision.dtype: fp32, precision.fp8: null)")
+    # fp16 runs on CPU (slowly), so its loss scaling is tested there; a run's config check still asks for fp32
+    if not on_gpu and (precision.dtype == "bf16" or precision.fp8 is not None):
+        raise ValueError("CPU training runs in fp32 (or fp16) without FP8 (precision.dtype: fp32, precision.fp8: null)")
     fields: dict[str, Any] = dict(
         num_layers=arch.num_layers, hidden_size=arch.hidden_size, ffn_hidden_size=arch.ffn_hidden_size,
         num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_query_groups,

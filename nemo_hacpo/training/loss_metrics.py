@@ -177,11 +177,21 @@ def reduce_metrics(accumulator: MetricAccumulator, dp_group, pp_group=None, pp_l
 
 
 @dataclass(frozen=True)
+class FP16Scaling:
+    """fp16's dynamic loss scaling in one train call: the scale after it, and how many of its updates the scaler
+    skipped because the scaled gradients overflowed (each skip lowers the scale; `grad_norm` covers the rest)."""
+
+    loss_scale: float
+    skipped_updates: int
+
+
+@dataclass(frozen=True)
 class TrainMetrics:
     """What one train call reports; the same on every rank (the worker returns rank 0's across Ray).
 
     `flat()` gives the `<agent>/train/<name>` metrics of the run: every loss statistic of `objective` plus
-    `loss_u{u}`, `lr`, `grad_norm`, `grad_norm_max`, `step_time_s`, `tokens_per_s`, `tflops_per_gpu`.
+    `loss_u{u}`, `lr`, `grad_norm`, `grad_norm_max`, `step_time_s`, `tokens_per_s`, `tflops_per_gpu`, and in fp16
+    `loss_scale` and `skipped_updates`.
     """
 
     loss: float
@@ -206,9 +216,13 @@ class TrainMetrics:
     objective: dict[str, float] = field(default_factory=dict)
     """Every statistic of the loss combined over the step's rows (`REDUCTIONS`): policy_loss, kl_loss, num_rows,
     self/cross ratios and clip fractions, …"""
+    fp16: FP16Scaling | None = None
+    """fp16 training only: the loss scaler after the step and the updates it skipped."""
 
     def flat(self) -> dict[str, float]:
+        scaling = {} if self.fp16 is None else {"loss_scale": self.fp16.loss_scale,
+                                                 "skipped_updates": float(self.fp16.skipped_updates)}
         return {**self.objective, **{f"loss_u{u}": v for u, v in enumerate(self.loss_per_update)},
                 "own_ratio_u0": self.own_ratio_u0, "lr": self.lr,
                 "grad_norm": self.grad_norm, "grad_norm_max": self.grad_norm_max, "step_time_s": self.step_time_s,
-                "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu}
+                "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu, **scaling}

@@ -62,7 +62,13 @@ from nemo_hacpo.training.batching import (
     validate_rows,
 )
 from nemo_hacpo.training.flops import batch_flops
-from nemo_hacpo.training.loss_metrics import REDUCTIONS, MetricAccumulator, TrainMetrics, reduce_metrics
+from nemo_hacpo.training.loss_metrics import (
+    REDUCTIONS,
+    FP16Scaling,
+    MetricAccumulator,
+    TrainMetrics,
+    reduce_metrics,
+)
 from nemo_hacpo.training.objective import Objective, micro_batch_loss
 from nemo_hacpo.training.offload import HostOffload
 from nemo_hacpo.training.packing import pack_rows, unpack_token_values
@@ -70,6 +76,10 @@ from nemo_hacpo.training.packing import pack_rows, unpack_token_values
 if TYPE_CHECKING:
     from nemo_hacpo.config import AgentConfig
     from nemo_hacpo.models.architecture import ModelArch
+
+FP16_INITIAL_LOSS_SCALE = 2.0**16
+"""fp16's first loss scale; the scaler halves it after overflows (hysteresis 2) and doubles it after 1000 clean
+updates (Megatron's defaults)."""
 
 
 def _finalize_grads_summed(model, num_tokens=None, **kwargs: Any) -> None:
@@ -198,6 +208,8 @@ class MegatronTrainer:
                 self.reference_offload = HostOffload(self.reference, self.device)
             self.sync_reference()
         self.optimizer = self._build_optimizer()
+        if self.config.fp16:  # fp16 trains with a loss scale: the schedule multiplies the loss by it before backward
+            self.config.grad_scale_func = self.optimizer.scale_loss  # (the optimizer divides the grads by it)
         self.scheduler = self._build_scheduler(total_updates)
         self.updates_done = 0
         self.last_step: int | None = None
@@ -234,7 +246,10 @@ class MegatronTrainer:
             # clip_grad = 0 means "off"; +inf keeps Megatron computing (and returning) the grad norm.
             clip_grad=opt.clip_grad if opt.clip_grad > 0 else math.inf,
             bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
-            use_distributed_optimizer=opt.use_distributed_optimizer)
+            use_distributed_optimizer=opt.use_distributed_optimizer,
+            # fp16: dynamic loss scaling from 2^16 (torch's GradScaler default), not Megatron's pre-training 2^32,
+            # which would skip the first ~30 updates of a fine-tuning run while the scale comes down
+            initial_loss_scale=FP16_INITIAL_LOSS_SCALE)
         return get_megatron_optimizer(config, [self.model])
 
     def _build_scheduler(self, total_updates: int):
@@ -411,7 +426,7 @@ class MegatronTrainer:
         scored = scored_token_counts(rows.response_mask)
         keys = [k for k in REDUCTIONS if objective.kl_coef > 0 or k not in ("kl_loss", "kl_mean", "num_own")]
         step_metrics = MetricAccumulator(keys, token_level=objective.token_level, device=self.device)
-        losses, grad_norms, lr, own_ratio_u0 = [], [], math.nan, math.nan
+        losses, grad_norms, lr, own_ratio_u0, skipped = [], [], math.nan, math.nan, 0
         for update_index, minibatch in enumerate(minibatch_ranges(len(rows), objective.updates_per_step,
                                                                   self.dp_size)):
             num_sequences = len(minibatch)
@@ -435,17 +450,20 @@ class MegatronTrainer:
             self.optimizer.zero_grad()
             self._run_schedule(self.model, batches, loss_func, forward_only=False)
             update_successful, grad_norm, _ = self.optimizer.step()
-            if not update_successful:
+            self.updates_done += 1  # counts attempts: a skipped fp16 update still moved the loss scaler's state
+            if update_successful:
+                self.scheduler.step(1)
+                grad_norms.append(float(grad_norm) if grad_norm is not None else math.nan)
+            elif self.config.fp16:  # the loss scaler found an overflow: this update is skipped, the scale lowered
+                skipped += 1
+            else:
                 raise FloatingPointError(f"optimizer update {update_index} of step {step} found inf/NaN gradients")
-            self.scheduler.step(1)
-            self.updates_done += 1
             step_metrics.end_update()
             reduce_metrics(update_metrics, self.dp_group, self.pp_group, self.pp_last_rank)
             update_result = update_metrics.result()
             losses.append(update_result.get("loss", math.nan))
             if update_index == 0:
                 own_ratio_u0 = update_result.get("ratio_mean" if objective.token_level else "self_ratio_mean", math.nan)
-            grad_norms.append(float(grad_norm) if grad_norm is not None else math.nan)
 
         reduce_metrics(step_metrics, self.dp_group, self.pp_group, self.pp_last_rank)
         elapsed = time.perf_counter() - start
@@ -456,10 +474,12 @@ class MegatronTrainer:
         objective_metrics = step_metrics.result()
         return TrainMetrics(
             loss=objective_metrics.get("loss", math.nan), loss_per_update=tuple(losses),
-            grad_norm=sum(grad_norms) / len(grad_norms), grad_norm_max=max(grad_norms), lr=lr,
+            grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else math.nan,
+            grad_norm_max=max(grad_norms, default=math.nan), lr=lr,
             step_time_s=elapsed, tokens_per_s=sum(seq_lens) / elapsed,
             tflops_per_gpu=flops / elapsed / dist.get_world_size() / 1e12, own_ratio_u0=own_ratio_u0,
-            objective=objective_metrics)
+            objective=objective_metrics,
+            fp16=FP16Scaling(float(self.optimizer.get_loss_scale()), skipped) if self.config.fp16 else None)
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, directory: str, step: int | None = None) -> str:

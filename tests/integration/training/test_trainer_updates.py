@@ -203,3 +203,73 @@ def test_learning_rate_schedule_warms_up_from_lr_over_w_and_decays(world: None) 
         assert seen == pytest.approx(expected, rel=1e-9)
     finally:
         trainer.close()
+
+
+def _fp16(agent_optimizer: OptimizerConfig, dtype: str):
+    from nemo_hacpo.training import MegatronTrainer
+
+    agent = dataclasses.replace(tiny_agent(), optimizer=agent_optimizer)
+    agent = dataclasses.replace(agent, precision=dataclasses.replace(agent.precision, dtype=dtype))
+    return MegatronTrainer(agent, tiny_arch(agent), seed=1234)
+
+
+def _moved(before: dict[str, torch.Tensor], trainer) -> float:
+    return math.sqrt(sum(float((param.detach().float() - before[name].float()).norm()) ** 2
+                         for name, param in trainer.module.named_parameters()))
+
+
+def test_fp16_trains_like_fp32_under_its_loss_scale(world: None) -> None:
+    """fp16 scales the loss before backward and unscales the gradients in the optimizer. Without the scaling
+    wired into the schedule, the optimizer divided unscaled gradients by 2^32 and Adam moved the weights by
+    ~2e-6 instead of ~0.6 (measured). Adam's first update is lr·g/(|g| + ε) per weight, so with the gradients
+    right it moves both dtypes by nearly the same amount."""
+    optimizer = OptimizerConfig(name="adam", lr=1e-3, weight_decay=0.0, clip_grad=1.0, use_distributed_optimizer=False)
+    moved = {}
+    for dtype in ("fp32", "fp16"):
+        trainer = _fp16(optimizer, dtype)
+        try:
+            rows = _rows(trainer)
+            advantages = torch.zeros(len(rows))
+            advantages[0], advantages[1] = 1.0, -1.0
+            rows = as_own_rows(rows).replace(advantages=advantages)
+            before = _weights(trainer)
+            metrics = train(trainer, rows, AlgoConfig(updates_per_step=1, kl_coef=0.0), step=0)
+            moved[dtype] = _moved(before, trainer)
+            if dtype == "fp16":
+                assert (metrics["loss_scale"], metrics["skipped_updates"]) == (2.0**16, 0.0)
+                assert math.isfinite(metrics["grad_norm"])
+                after = mean_logprobs(trainer, rows)
+                assert after[0] > rows.old_mean_logprob[0] and after[1] < rows.old_mean_logprob[1]
+            else:
+                assert "loss_scale" not in metrics
+        finally:
+            trainer.close()
+    assert moved["fp16"] == pytest.approx(moved["fp32"], rel=0.05), moved
+
+
+def _set_loss_scale(trainer, scale: float) -> None:
+    for optimizer in trainer.optimizer.chained_optimizers:  # Megatron: one scaler per parameter-group optimizer
+        optimizer.grad_scaler._scale = torch.tensor([scale])
+
+
+def test_fp16_overflow_skips_the_update_and_lowers_the_scale(world: None) -> None:
+    """A loss scale of 2^40 overflows fp16 (max 65504) in backward: both updates of the step are skipped (weights
+    bit-identical, the LR schedule not advanced), the second consecutive overflow halves the scale (hysteresis 2),
+    and the step reports it instead of failing; the next step trains at the warm-up's first LR."""
+    optimizer = OptimizerConfig(name="adam", lr=1e-3, weight_decay=0.0, clip_grad=0.0, lr_warmup_steps=2,
+                                use_distributed_optimizer=False)
+    trainer = _fp16(optimizer, "fp16")
+    try:
+        rows = _rows(trainer)
+        _set_loss_scale(trainer, 2.0**40)
+        before = _weights(trainer)
+        metrics = train(trainer, rows, AlgoConfig(updates_per_step=2, kl_coef=0.0), step=0)
+        assert (metrics["skipped_updates"], metrics["loss_scale"]) == (2.0, 2.0**39)
+        assert math.isnan(metrics["grad_norm"])
+        assert all(torch.equal(param, before[name]) for name, param in trainer.module.named_parameters())
+        _set_loss_scale(trainer, 2.0**16)
+        metrics = train(trainer, rows, AlgoConfig(updates_per_step=1, kl_coef=0.0), step=1)
+        assert (metrics["skipped_updates"], metrics["lr"]) == (0.0, pytest.approx(5e-4, rel=1e-9))
+        assert _moved(before, trainer) > 0.1
+    finally:
+        trainer.close()
