@@ -12,7 +12,8 @@
 # Ray is stopped when the script exits, fails or is cancelled (scancel / time limit: SIGTERM).
 #
 # Environment: CONFIG (or CONFIG_NAME; default pair_large), PYTHON (default: python on PATH, e.g. a venv's
-# bin/python), HACPO_OUTPUT_DIR, RAY_PORT (6379), RAY_NUM_CPUS (default: the CPUs Slurm gave the task),
+# bin/python), HACPO_OUTPUT_DIR (outputs/<config>: resubmitting the job resumes there), HACPO_HEAD_IP (the head
+# node's address the others dial; default: slurm/node_address.py on it, never loopback), RAY_PORT (6379), RAY_NUM_CPUS (default: the CPUs Slurm gave the task),
 # RAY_TEMP_DIR (/tmp/ray-hacpo-<job id>), RAY_WAIT_S (600), RAY_AUTH_MODE (token, with a per-job token),
 # CONTAINER_MOUNTS (extra mounts; the repository, HACPO_OUTPUT_DIR and the folders of HACPO_*_PATH / *_DATA are
 # mounted already). `--config-name X` among the arguments also picks X.
@@ -43,7 +44,9 @@ while [[ $# -gt 0 ]]; do
     if [[ "$1" == "--config-name" && $# -ge 2 ]]; then CONFIG=$2; shift 2; else overrides+=("$1"); shift; fi
 done
 
-export HACPO_OUTPUT_DIR=${HACPO_OUTPUT_DIR:-$REPO_DIR/outputs/$CONFIG-$JOB_ID}
+# Not per job: resubmitting the same job (after a failure, a preemption or the time limit) resumes from the
+# last complete checkpoint there. Two jobs of one config at once need their own HACPO_OUTPUT_DIR.
+export HACPO_OUTPUT_DIR=${HACPO_OUTPUT_DIR:-$REPO_DIR/outputs/$CONFIG}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 LOG_DIR=$HACPO_OUTPUT_DIR/logs
 RAY_TEMP_DIR=${RAY_TEMP_DIR:-/tmp/ray-hacpo-$JOB_ID}  # short: Ray's socket paths must fit in 107 bytes
@@ -89,7 +92,8 @@ srun_one=(srun --nodes=1 --ntasks=1 --overlap "${container_args[@]}")
 
 mapfile -t nodes < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 head_node=${nodes[0]}
-head_ip=$("${srun_one[@]}" -w "$head_node" hostname --ip-address | awk '{print $1}')
+# Not `hostname --ip-address`: it can answer 127.0.1.1 (/etc/hosts), which other nodes cannot reach.
+head_ip=${HACPO_HEAD_IP:-$("${srun_one[@]}" -w "$head_node" "$PYTHON" "$REPO_DIR/slurm/node_address.py")}
 gpus_per_node=${SLURM_GPUS_ON_NODE:-${SLURM_GPUS_PER_NODE:-0}}
 gpus_per_node=${gpus_per_node##*:}  # "gpu:8" → 8
 cpus_per_node=${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-$(nproc)}}

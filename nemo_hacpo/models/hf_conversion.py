@@ -11,9 +11,10 @@ Megatron's global `parallel_state`.
 
 The built-in converter (names and layouts in `hf_layouts`) handles Megatron's local layer spec and the
 Transformer Engine spec (whose input/pre-MLP norms live inside `linear_qkv` / `linear_fc1`). PP stages number
-their layers locally; each layer's `layer_number` (1-based, global) gives the HF index. With `converter="auto"`
-Megatron-Bridge's `AutoBridge` is used instead wherever `megatron.bridge` imports (GPU containers; it is not
-installable next to the CPU stack, so that path is untested here).
+their layers locally; each layer's `layer_number` (1-based, global) gives the HF index. It is what runs, on CPU
+and GPU alike: Megatron-Bridge's `AutoBridge` (`converter="bridge"`) only when a caller asks for it by name —
+never because `megatron.bridge` happens to import (NeMo images ship it), since that path has not run anywhere
+(it is not installable next to the CPU stack).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from nemo_hacpo.models.hf_layouts import (
 __all__ = ["LazySafetensors", "ModelParallel", "export_hf_weights", "global_parameter_names", "hf_config",
            "load_hf_into_megatron", "save_hf_checkpoint"]
 
-Converter = Literal["auto", "builtin", "bridge"]
+Converter = Literal["builtin", "bridge"]
 # Transformer Engine fuses the pre-attention / pre-MLP norms into the next linear layer.
 _TE_NAME_ALIASES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
@@ -204,18 +205,18 @@ def _check_stage(chunks: list[torch.nn.Module], pp_rank: int, pp_size: int) -> N
 
 
 def _bridge_or_none(converter: Converter, arch: ModelArch) -> Any | None:
-    """Megatron-Bridge's `AutoBridge` class when `converter` asks for it, or when it is `auto`, Megatron-Bridge
-    imports and has a bridge for the family's HF architecture; None = use the built-in converter."""
+    """Megatron-Bridge's `AutoBridge` class when `converter` is "bridge" (an ImportError naming the fix if it
+    does not import); None — the built-in converter — for "builtin", whatever is installed."""
     if converter == "builtin":
         return None
+    if converter != "bridge":
+        raise ValueError(f"converter must be 'builtin' or 'bridge', not {converter!r}")
     try:
         from megatron.bridge import AutoBridge
     except ImportError as err:
-        if converter == "bridge":
-            raise ImportError("converter='bridge' needs Megatron-Bridge (NGC container); use 'builtin'") from err
-        return None
-    if converter == "auto" and HF_ARCHITECTURES.get(arch.family or "") not in AutoBridge.list_supported_models():
-        return None
+        raise ImportError("converter='bridge' needs Megatron-Bridge (NGC container); use 'builtin'") from err
+    if HF_ARCHITECTURES.get(arch.family or "") not in AutoBridge.list_supported_models():
+        raise ValueError(f"Megatron-Bridge has no bridge for {arch.family!r}; use converter='builtin'")
     return AutoBridge
 
 
@@ -223,7 +224,7 @@ def _bridge_or_none(converter: Converter, arch: ModelArch) -> Any | None:
 @torch.no_grad()
 def load_hf_into_megatron(model_chunks: torch.nn.Module | Sequence[torch.nn.Module], arch: ModelArch,
                           hf_state: Mapping[str, torch.Tensor] | str | os.PathLike, *,
-                          parallel: ModelParallel = SINGLE_RANK, converter: Converter = "auto") -> None:
+                          parallel: ModelParallel = SINGLE_RANK, converter: Converter = "builtin") -> None:
     """Copy an HF checkpoint into this rank's Megatron model chunks (its TP shard of its PP stage's layers).
 
     `hf_state`: a local checkpoint directory (safetensors, read lazily per tensor) or a name → tensor mapping
@@ -270,7 +271,7 @@ def _all_gather(tensor: torch.Tensor, group: Any, size: int) -> list[torch.Tenso
 @torch.no_grad()
 def export_hf_weights(model_chunks: torch.nn.Module | Sequence[torch.nn.Module], arch: ModelArch, *,
                       dtype: torch.dtype | None = None, to_cpu: bool = False, parallel: ModelParallel = SINGLE_RANK,
-                      converter: Converter = "auto") -> Iterator[tuple[str, torch.Tensor]]:
+                      converter: Converter = "builtin") -> Iterator[tuple[str, torch.Tensor]]:
     """Stream the model as HF `(name, tensor)` pairs, one tensor at a time, in HF checkpoint order.
 
     Collective over the model-parallel group: every TP and PP rank must iterate to the end, in step. Each
@@ -324,7 +325,7 @@ def export_hf_weights(model_chunks: torch.nn.Module | Sequence[torch.nn.Module],
 def save_hf_checkpoint(model_chunks: torch.nn.Module | Sequence[torch.nn.Module], arch: ModelArch,
                        tokenizer: Any | None, out_dir: str | os.PathLike, *, dtype: torch.dtype | None = None,
                        max_shard_bytes: int = 4 << 30, parallel: ModelParallel = SINGLE_RANK,
-                       converter: Converter = "auto") -> Path | None:
+                       converter: Converter = "builtin") -> Path | None:
     """Write `out_dir` = config.json + safetensors (+ index when sharded) + the tokenizer's files.
 
     Collective like `export_hf_weights` (every model-parallel rank calls it); global rank 0 writes and gets

@@ -19,14 +19,14 @@ FAKE_SRUN = r"""#!/usr/bin/env python3
 import json, os, sys
 with open(os.environ["SRUN_LOG"], "a") as log:
     log.write(json.dumps({"argv": sys.argv[1:], "pythonpath": os.environ.get("PYTHONPATH", "")}) + "\n")
-if "hostname" in sys.argv:
+if any(arg.endswith("slurm/node_address.py") for arg in sys.argv):
     print("10.0.0.1")
 """
 
 
-def _run_job(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def _run_job(tmp_path: Path, output_dir: bool = True, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     (bin_dir / "srun").write_text(FAKE_SRUN)
     (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'node1\\nnode2\\n'\n")
     for tool in ("squeue", "scancel"):
@@ -37,7 +37,7 @@ def _run_job(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess, l
     full_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "SRUN_LOG": str(log),
                 "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_GPUS_ON_NODE": "8",
                 "SLURM_CPUS_PER_TASK": "16", "SLURM_SUBMIT_DIR": str(REPO),
-                "HACPO_OUTPUT_DIR": str(tmp_path / "out"), **env}
+                **({"HACPO_OUTPUT_DIR": str(tmp_path / "out")} if output_dir else {}), **env}
     done = subprocess.run(["bash", str(SCRIPT), "runtime.steps=2"], env=full_env, capture_output=True, text=True,
                           timeout=60)
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
@@ -66,7 +66,7 @@ def test_with_an_image_every_step_shares_the_jobs_container_and_sees_the_data(tm
     done, calls = _run_job(tmp_path, CONTAINER_IMAGE="/images/hacpo.sqsh", HACPO_LLAMA70B_PATH=str(ckpt),
                            HACPO_TRAIN_DATA=str(data / "math_train.jsonl"), CONTAINER_MOUNTS="/scratch:/scratch:ro")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert len(calls) >= 5  # hostname, 2 Ray starts, 2 waits, the driver
+    assert len(calls) >= 5  # the head's address, 2 Ray starts, 2 waits, the driver
     for call in calls:
         argv = call["argv"]
         # one named container for the whole job: the driver and the raylet of a node share its /tmp sockets
@@ -75,3 +75,30 @@ def test_with_an_image_every_step_shares_the_jobs_container_and_sees_the_data(tm
         assert f"{REPO}:{REPO}" in mounts and f"{tmp_path / 'out'}:{tmp_path / 'out'}" in mounts
         assert f"{ckpt}:{ckpt}" in mounts and f"{data}:{data}" in mounts and "/scratch:/scratch:ro" in mounts
         assert call["pythonpath"].split(":")[0] == str(REPO)  # the checkout's package, not the image's copy
+
+
+def test_the_head_address_comes_from_node_address_py_on_the_head_or_from_hacpo_head_ip(tmp_path):
+    done, calls = _run_job(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    probe = calls[0]["argv"]
+    assert probe[probe.index("-w") + 1] == "node1" and probe[-1] == str(REPO / "slurm" / "node_address.py")
+    assert "head node1 (10.0.0.1)" in done.stdout
+
+    done, calls = _run_job(tmp_path / "given", HACPO_HEAD_IP="10.1.2.3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not any(c["argv"][-1].endswith("node_address.py") for c in calls)
+    driver = next(c for c in calls if any(a.endswith("recipes/train.py") for a in c["argv"]))
+    assert "runtime.cluster.ray_address=10.1.2.3:6379" in driver["argv"]
+
+
+def test_a_resubmitted_job_writes_to_the_same_output_dir_and_so_resumes(tmp_path):
+    """The default output dir names the config, not the job id: a second job of the same config continues."""
+    checkout = tmp_path / "checkout"  # the submit dir: the default output dir lies under it
+    dirs = []
+    for job in ("4242", "4243"):
+        done, calls = _run_job(tmp_path / job, output_dir=False, SLURM_JOB_ID=job, CONFIG="pair_tiny",
+                               SLURM_SUBMIT_DIR=str(checkout))
+        assert done.returncode == 0, done.stdout + done.stderr
+        driver = next(c for c in calls if any(a.endswith("recipes/train.py") for a in c["argv"]))
+        dirs += [a.split("=", 1)[1] for a in driver["argv"] if a.startswith("runtime.output_dir=")]
+    assert dirs == [str(checkout / "outputs" / "pair_tiny")] * 2
