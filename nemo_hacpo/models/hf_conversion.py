@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,17 +326,26 @@ def export_hf_weights(model_chunks: torch.nn.Module | Sequence[torch.nn.Module],
 def save_hf_checkpoint(model_chunks: torch.nn.Module | Sequence[torch.nn.Module], arch: ModelArch,
                        tokenizer: Any | None, out_dir: str | os.PathLike, *, dtype: torch.dtype | None = None,
                        max_shard_bytes: int = 4 << 30, parallel: ModelParallel = SINGLE_RANK,
-                       converter: Converter = "builtin") -> Path | None:
+                       converter: Converter = "builtin", sync: bool = False) -> Path | None:
     """Write `out_dir` = config.json + safetensors (+ index when sharded) + the tokenizer's files.
 
     Collective like `export_hf_weights` (every model-parallel rank calls it); global rank 0 writes and gets
     `out_dir` back, the others get None. Shards hold at most `max_shard_bytes` (one tensor may exceed it).
     `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` and vLLM load the result.
+
+    Rank 0 writes into `.<name>.partial` beside `out_dir` and moves it into place when complete, so `out_dir`
+    is never half-written and never mixes in an earlier export's files (its shard count may differ); a failure
+    leaves an earlier `out_dir` as it was. `sync=True`: every rank of the default process group must call, and
+    all return only once the checkpoint is in place — what ranks that read it next (vLLM engines on other
+    nodes) need.
     """
     from safetensors.torch import save_file
 
     writer = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
     out = Path(out_dir)
+    staging = out.with_name(f".{out.name}.partial")
+    if writer and staging.exists():
+        shutil.rmtree(staging)  # a crashed earlier export
     shard_files: list[tuple[str, list[str]]] = []  # (temporary file name, tensor names)
     pending: dict[str, torch.Tensor] = {}
     pending_bytes = total_bytes = 0
@@ -347,24 +357,37 @@ def save_hf_checkpoint(model_chunks: torch.nn.Module | Sequence[torch.nn.Module]
             continue
         size = tensor.numel() * tensor.element_size()
         if pending and pending_bytes + size > max_shard_bytes:
-            shard_files.append(_write_shard(out, len(shard_files), pending, save_file))
+            shard_files.append(_write_shard(staging, len(shard_files), pending, save_file))
             pending, pending_bytes = {}, 0
         pending[name] = tensor.clone()  # clone: never alias a live parameter in the file buffer
         pending_bytes += size
         total_bytes += size
-    if not writer:
-        return None
-    shard_files.append(_write_shard(out, len(shard_files), pending, save_file))
-    _name_shards(out, shard_files, total_bytes)
+    if writer:
+        shard_files.append(_write_shard(staging, len(shard_files), pending, save_file))
+        _name_shards(staging, shard_files, total_bytes)
+        tokens: dict[str, int | None] = {}
+        if tokenizer is not None:
+            if len(tokenizer) > arch.vocab_size:
+                raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model only {arch.vocab_size}")
+            tokens = {f"{t}_token_id": getattr(tokenizer, f"{t}_token_id", None) for t in ("bos", "eos", "pad")}
+            tokenizer.save_pretrained(str(staging))
+        hf_config(arch, dtype=export_dtype or torch.float32, **tokens).save_pretrained(str(staging))
+        _move_into_place(staging, out)
+    if sync and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    return out if writer else None
 
-    tokens: dict[str, int | None] = {}
-    if tokenizer is not None:
-        if len(tokenizer) > arch.vocab_size:
-            raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model only {arch.vocab_size}")
-        tokens = {f"{t}_token_id": getattr(tokenizer, f"{t}_token_id", None) for t in ("bos", "eos", "pad")}
-        tokenizer.save_pretrained(str(out))
-    hf_config(arch, dtype=export_dtype or torch.float32, **tokens).save_pretrained(str(out))
-    return out
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Replace `out` (if any) by the complete `staging` directory: two renames, the old one deleted last."""
+    old = out.with_name(f".{out.name}.old")
+    if old.exists():
+        shutil.rmtree(old)
+    if out.exists():
+        out.rename(old)
+    staging.rename(out)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def _write_shard(out: Path, index: int, tensors: dict[str, torch.Tensor], save_file: Any) -> tuple[str, list[str]]:

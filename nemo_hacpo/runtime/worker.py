@@ -343,11 +343,13 @@ class AgentRank:
         return self._trainer().load_checkpoint(directory)
 
     def save_hf(self, directory: str) -> str:
-        """Collective: the current weights as an HF checkpoint (+ tokenizer) in `directory`."""
+        """Collective: the current weights as an HF checkpoint (+ tokenizer) in `directory`; every rank returns
+        once it is complete on disk (engine ranks on other nodes start vLLM on it next)."""
         from nemo_hacpo.models.hf_conversion import save_hf_checkpoint
 
         trainer = self._trainer()
-        save_hf_checkpoint([trainer.module], self.arch, self.tokenizer, directory, parallel=trainer.model_parallel)
+        save_hf_checkpoint([trainer.module], self.arch, self.tokenizer, directory, parallel=trainer.model_parallel,
+                           sync=True)
         return directory
 
     def shutdown(self) -> None:

@@ -217,6 +217,73 @@ def test_save_a_tiny_agent_with_its_tokenizer(megatron_world_size_1, tmp_path: P
         torch.testing.assert_close(hf_logits, logits, rtol=0, atol=LOGIT_ATOL)
 
 
+def test_a_save_replaces_an_earlier_export_whole_and_a_failed_save_keeps_it(hf_checkpoints, hf_references,
+                                                                            megatron_world_size_1,
+                                                                            tmp_path: Path) -> None:
+    """An export in three shards, then one in a single file: no shard or index of the first is left beside the
+    second (vLLM would read both). A save that fails half-way (after the shards) leaves the last export intact."""
+    from nemo_hacpo.models.architecture import arch_from_hf
+    from nemo_hacpo.models.hf_conversion import load_hf_into_megatron, save_hf_checkpoint
+
+    arch = arch_from_hf(hf_checkpoints["llama"])
+    model = _megatron_model(arch)
+    load_hf_into_megatron(model, arch, hf_checkpoints["llama"])
+    out = tmp_path / "engines" / "llama"
+    save_hf_checkpoint(model, arch, None, out, max_shard_bytes=200_000)
+    assert len(list(out.glob("model-*-of-*.safetensors"))) >= 2 and (out / "model.safetensors.index.json").is_file()
+
+    save_hf_checkpoint(model, arch, None, out)
+    files = sorted(p.name for p in out.iterdir())
+    assert [f for f in files if "safetensors" in f] == ["model.safetensors"], files
+    assert sorted(p.name for p in out.parent.iterdir()) == ["llama"]  # no staging or old copy left beside it
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    class TooLargeTokenizer:  # fails the save after every shard is written
+        def __len__(self) -> int:
+            return arch.vocab_size + 1
+
+    with pytest.raises(ValueError, match="tokenizer has"):
+        save_hf_checkpoint(model, arch, TooLargeTokenizer(), out, max_shard_bytes=200_000)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    _reload_and_compare(out, hf_references["llama"])
+
+
+def _sync_worker(checkpoint: Path, out_dir: Path, sync: bool) -> bool:
+    """Two DP ranks export; rank 0's writes are slowed by 3 s. Whether rank 1, on return, finds it complete."""
+    import time
+
+    import safetensors.torch
+
+    from nemo_hacpo.models.architecture import arch_from_hf
+    from nemo_hacpo.models.hf_conversion import load_hf_into_megatron, save_hf_checkpoint
+
+    arch = arch_from_hf(checkpoint)
+    with megatron_parallel_state(tp=1, pp=1):
+        model = _megatron_model(arch)
+        load_hf_into_megatron(model, arch, checkpoint)
+        if torch.distributed.get_rank() == 0:
+            save_file = safetensors.torch.save_file
+
+            def slow_save_file(*args, **kwargs):
+                time.sleep(3.0)
+                return save_file(*args, **kwargs)
+
+            safetensors.torch.save_file = slow_save_file
+        save_hf_checkpoint(model, arch, None, out_dir, sync=sync)
+        complete = (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file()
+        torch.distributed.barrier()  # rank 0 finishes writing before the next case reuses the directory
+        return complete
+
+
+@pytest.mark.slow
+def test_sync_returns_on_every_rank_only_once_the_export_is_in_place(hf_checkpoints, tmp_path: Path) -> None:
+    """What an engine rank on another node relies on before it starts vLLM on the directory (`AgentRank.save_hf`):
+    with `sync=True` rank 1 finds the checkpoint complete on return; without it, not (rank 0 is still writing)."""
+    synced = run_distributed(_sync_worker, 2, hf_checkpoints["llama"], tmp_path / "synced", True)
+    unsynced = run_distributed(_sync_worker, 2, hf_checkpoints["llama"], tmp_path / "unsynced", False)
+    assert synced == [True, True] and unsynced == [True, False]
+
+
 # --------------------------------------------------------------------------------------------- TP = 2, PP = 2
 def _tp2_pp2_worker(checkpoints: dict[str, Path], references: dict[str, dict[str, Any]], out_dir: Path
                     ) -> dict[str, Any]:
