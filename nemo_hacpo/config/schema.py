@@ -116,6 +116,11 @@ class RolloutConfig:
     """Top-k sampling (-1 = off)."""
     seed: int | None = None
     """Engine seed; null = derived from runtime.seed and the agent index."""
+    refit_transport: Literal["rpc", "ipc"] = "rpc"
+    """How the trainer's new weights reach the engine after each step. `rpc`: HF-layout tensors in bounded
+    safetensors chunks over vLLM's `collective_rpc` to every engine worker (any device; what CI tests). `ipc`:
+    CUDA IPC handles through vLLM's weight-transfer engine (colocated CUDA only, and for now only for an agent of
+    one rank whose engine has TP = 1 and whose tensors are each under vLLM's 1 GiB staging buffer)."""
 
 
 @dataclass(frozen=True)

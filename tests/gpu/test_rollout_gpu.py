@@ -30,10 +30,11 @@ def _mean_abs(a: list[list[float]], b: list[list[float]]) -> float:
     return float((flat(a) - flat(b)).abs().mean())
 
 
-def _agent(colocated: bool):
+def _agent(colocated: bool):  # colocated: the CUDA IPC refit (one rank, TP 1: where the config allows it)
     agent = load_config("pair_tiny").agent("llama_tiny")
     rollout = dataclasses.replace(agent.rollout, colocated=colocated, gpu_memory_utilization=0.3,
-                                  enforce_eager=False)  # CUDA graphs: the production path the refit must keep valid
+                                  enforce_eager=False,  # CUDA graphs: the production path the refit must keep valid
+                                  refit_transport="ipc" if colocated else "rpc")
     return dataclasses.replace(agent, rollout=rollout)
 
 

@@ -64,13 +64,20 @@ def test_seed_from_config_wins(llama_agent, tmp_path):
 
 def test_cuda_layouts(llama_agent, tmp_path):
     colocated = engine_settings(llama_agent, tmp_path, tmp_path, device="cuda")
-    assert (colocated.enable_sleep_mode, colocated.weight_transfer_backend) == (True, "ipc")
+    # the default refit transport (rpc) needs no weight-transfer engine
+    assert (colocated.enable_sleep_mode, colocated.weight_transfer_backend) == (True, None)
     assert colocated.gpu_memory_utilization == llama_agent.rollout.gpu_memory_utilization
     assert colocated.kv_cache_memory_bytes is None
     kwargs = llm_kwargs(colocated, generation_config_dir=tmp_path)
-    assert kwargs["enable_sleep_mode"] is True and kwargs["weight_transfer_config"] == {"backend": "ipc"}
+    assert kwargs["enable_sleep_mode"] is True and "weight_transfer_config" not in kwargs
     assert "kv_cache_memory_bytes" not in kwargs
     assert engine_environment(colocated) == {}
+    ipc_agent = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout,
+                                                                             refit_transport="ipc"))
+    ipc = engine_settings(ipc_agent, tmp_path, tmp_path, device="cuda")
+    assert ipc.weight_transfer_backend == "ipc"
+    assert llm_kwargs(ipc, generation_config_dir=tmp_path)["weight_transfer_config"] == {"backend": "ipc"}
+    assert engine_environment(ipc) == {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # pickled IPC handles
     agent = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout, colocated=False,
                                                                          tensor_parallel_size=2),
                                 precision=dataclasses.replace(llama_agent.precision, dtype="bf16"))
@@ -110,3 +117,20 @@ def test_generation_config_and_tokenizer_view(tmp_path):
     assert sorted(p.name for p in view.iterdir()) == ["config.json", "tokenizer.json"]
     assert (view / "config.json").resolve() == (model / "config.json").resolve()
     assert (view / "tokenizer.json").read_text() == "{}"
+
+
+def test_the_ipc_refit_refuses_a_tensor_over_the_staging_buffer_before_sending_anything():
+    """vLLM would refuse it mid-update and leave the engine between start and finish (a 70B embedding is 2.1 GB)."""
+    import torch
+
+    from nemo_hacpo.rollout.weight_sync import send_weights_ipc
+
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"client.{name} used")
+
+    embedding = torch.empty(128_256, 8192, dtype=torch.bfloat16, device="meta")  # 2.1 GB, no memory
+    weights = [("model.norm.weight", torch.empty(8192, device="meta")), ("model.embed_tokens.weight", embedding)]
+    with pytest.raises(ValueError, match=r"1 tensor\(s\) exceed vLLM's 1 GiB staging buffer: "
+                                         r"model.embed_tokens.weight \(1.96 GiB\); use rollout.refit_transport: rpc"):
+        send_weights_ipc(Untouchable(), weights)
