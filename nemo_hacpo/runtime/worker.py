@@ -33,6 +33,12 @@ if TYPE_CHECKING:
     from nemo_hacpo.training.trainer import MegatronTrainer
 
 
+def release_cached_memory() -> None:
+    """Return the CUDA caching allocator's unused blocks to the device (a no-op without CUDA)."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 @dataclass(frozen=True)
 class RankInfo:
     """What a rank reports once it is set up."""
@@ -297,8 +303,13 @@ class AgentRank:
             for _ in weights:  # every rank runs the gather in step; only engine ranks feed an engine
                 pass
             return None
-        self.engine.wake_up(["weights"])  # colocated CUDA: re-allocate the weights only, then the KV cache
+        # Colocated CUDA: what torch's caching allocator keeps of the training step's peak (activations, logits)
+        # is handed back before the engine re-allocates its weights, and the refit's gather buffers before its
+        # KV cache — otherwise the engine wakes into memory the trainer no longer uses but still holds.
+        release_cached_memory()
+        self.engine.wake_up(["weights"])
         stats = self.engine.refit(weights)
+        release_cached_memory()
         self.engine.wake_up(["kv_cache"])
         return stats if self.rank == 0 else None
 

@@ -300,3 +300,36 @@ def test_the_sigterm_handler_interrupts_as_a_keyboard_interrupt_and_names_the_si
         signal.signal(signal.SIGTERM, previous)
     assert isinstance(caught.value, Terminated) and not isinstance(caught.value, Exception)
     assert handler.received == "SIGTERM"
+
+
+def test_refit_hands_cached_memory_back_before_each_engine_wake(tmp_path, monkeypatch):
+    """Colocated CUDA order: the allocator's cache is emptied before the engine re-allocates its weights, and
+    again (the refit's gather buffers) before its KV cache. Recorded on CPU with the allocator call replaced."""
+    import nemo_hacpo.models.hf_conversion as hf_conversion
+    from nemo_hacpo.runtime import worker
+    from nemo_hacpo.runtime.worker import AgentRank
+
+    events: list[str] = []
+
+    def weights(*args, **kwargs):
+        events.append("export")
+        yield "model.norm.weight", torch.ones(4)
+
+    class Engine:
+        def wake_up(self, tags):
+            events.append(f"wake {tags[0]}")
+
+        def refit(self, pairs):
+            events.extend(f"load {name}" for name, _ in pairs)
+            return "stats"
+
+    monkeypatch.setattr(hf_conversion, "export_hf_weights", weights)
+    monkeypatch.setattr(worker.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(worker.torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
+    cfg = load_config("pair_tiny", ["warmstart.enabled=false"])
+    rank = AgentRank(cfg.agents[0], 0, seed=0, run_dir=str(tmp_path), total_updates=1, keep_reference=False)
+    rank.trainer = SimpleNamespace(module=None, model_parallel=None)
+    rank.arch, rank.engine = None, Engine()
+    assert rank.refit() == "stats"
+    assert events == ["empty_cache", "wake weights", "export", "load model.norm.weight", "empty_cache",
+                      "wake kv_cache"]
