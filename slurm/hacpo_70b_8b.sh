@@ -141,7 +141,7 @@ trap 'echo "[hacpo] interrupted"; exit 130' INT
 # for each Ray step: expected, and not the job's status (the driver's is).
 ray_start() {  # node, extra `ray start` args...
     local node=$1; shift
-    "${srun_one[@]}" -w "$node" --job-name=hacpo-ray --output="$LOG_DIR/ray-$node.log" \
+    "${srun_one[@]}" -w "$node" --job-name=hacpo-ray --output="$LOG_DIR/ray-$node.log" --open-mode=append \
         "$PYTHON" -m ray.scripts.scripts start --block --num-cpus="$RAY_NUM_CPUS" --num-gpus="$gpus_per_node" \
         --disable-usage-stats "$@" &
     ray_pids+=("$!")

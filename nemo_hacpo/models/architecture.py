@@ -381,7 +381,8 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, precision: Pre
     on_gpu = device == "cuda"
     # fp16 runs on CPU (slowly), so its loss scaling is tested there; a run's config check still asks for fp32
     if not on_gpu and (precision.dtype == "bf16" or precision.fp8 is not None):
-        raise ValueError("CPU training runs in fp32 (or fp16) without FP8 (precision.dtype: fp32, precision.fp8: null)")
+        raise ValueError("CPU training runs in fp32 without FP8 (precision.dtype: fp32, precision.fp8: null; "
+                         "fp16 builds too, for tests)")
     fields: dict[str, Any] = dict(
         num_layers=arch.num_layers, hidden_size=arch.hidden_size, ffn_hidden_size=arch.ffn_hidden_size,
         num_attention_heads=arch.num_attention_heads, num_query_groups=arch.num_query_groups,

@@ -374,6 +374,7 @@ def save_hf_checkpoint(model_chunks: torch.nn.Module | Sequence[torch.nn.Module]
         hf_config(arch, dtype=export_dtype or torch.float32, **tokens).save_pretrained(str(staging))
         _move_into_place(staging, out)
     if sync and torch.distributed.is_initialized():
+        # (if rank 0 failed above, the others wait here until the collective timeout; the driver has the error)
         torch.distributed.barrier()
     return out if writer else None
 

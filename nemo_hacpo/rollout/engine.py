@@ -10,13 +10,15 @@ Prompts are rendered with the agent's chat template by `models.chat.render_promp
 as token ids, so self samples and re-encoded cross samples share one prompt encoding. Response text is
 decoded by the agent's tokenizer (special tokens skipped), the same rule the broker applies.
 
-Refit transports (see `settings.py` for how the layout is chosen):
-- CPU (and any device, as a fallback): `collective_rpc` with safetensors chunks into the worker extension
+Refit transports (`rollout.refit_transport`):
+- `rpc`, the default on every device: `collective_rpc` with safetensors chunks into the worker extension
   (`worker_extension.py`), which runs vLLM's layer-wise reload. Measured on the 2-core CPU machine, fp32:
   0.03–0.1 s for the 0.8–2.7M-parameter tiny agents (3–11 MB); their engines start in ≈ 15 s and
   generate ≈ 2.5k (Llama-like) to ≈ 4k (Qwen3-like) tokens/s at 32 sequences.
-- CUDA colocated: CUDA IPC through vLLM's weight-transfer engine (`weight_sync.send_weights_ipc`), after
-  `wake_up(["weights"])`; the KV cache stays asleep until `wake_up()`.
+- `ipc` (opt-in; CUDA colocated, one trainer rank, TP-1 engine): CUDA IPC through vLLM's weight-transfer engine
+  (`weight_sync.send_weights_ipc`).
+Either way a colocated engine wakes its weights first (`wake_up(["weights"])`); the KV cache stays asleep until
+`wake_up()`.
 
 Scripts that start an engine need an `if __name__ == "__main__":` guard: vLLM spawns its engine-core and
 worker processes, and a spawned child re-imports the main module.
@@ -250,8 +252,9 @@ class RolloutEngine:
               chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> RefitStats:
         """Load new HF-layout weights into the running engine, then reset the prefix cache.
 
-        `transport`: `rpc` (safetensors chunks over collective_rpc; the CPU default, works anywhere) or `ipc`
-        (CUDA colocated default). Returns (and records in `stats`) its time, tensors and bytes.
+        `transport`: `rpc` (safetensors chunks over collective_rpc; works anywhere) or `ipc` (CUDA IPC; needs an
+        engine built with that weight-transfer backend); default: the agent's `rollout.refit_transport`. Returns
+        (and records in `stats`) its time, tensors and bytes.
         """
         if transport is None:
             transport = "rpc" if self.settings.device == "cpu" else (self.settings.weight_transfer_backend or "rpc")

@@ -15,7 +15,8 @@ Pure functions, no vLLM import: the unit tests check every mapping without start
 | `rollout.cpu_kvcache_gib` (CPU only)     | `kv_cache_memory_bytes` and `VLLM_CPU_KVCACHE_SPACE`          |
 | `rollout.enforce_eager`                  | `enforce_eager`                                               |
 | `rollout.seed` (or the runtime's seed)   | `seed`                                                        |
-| `rollout.colocated` (CUDA only)          | `enable_sleep_mode`, weight transfer backend `ipc`            |
+| `rollout.colocated` (CUDA only)          | `enable_sleep_mode`                                           |
+| `rollout.refit_transport: ipc` (colocated CUDA) | weight transfer backend `ipc`                          |
 
 On CPU, vLLM's `gpu_memory_utilization` is the fraction of *host RAM* the worker asks for at start-up (it fails
 when that much is not free); the KV cache itself is sized by `kv_cache_memory_bytes`. So the CPU fraction is

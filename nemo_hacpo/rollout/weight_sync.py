@@ -1,7 +1,7 @@
 """CUDA refit of a colocated engine through vLLM's own weight-transfer engine (needs CUDA vLLM; GPU paths only).
 
-The engine and the trainer share the GPUs; the engine is built with `weight_transfer_config={"backend": "ipc"}`
-and sleep mode. `send_weights_ipc` exports CUDA IPC handles of the trainer's HF-layout `(name, tensor)` pairs;
+The engine and the trainer share the GPUs; with `rollout.refit_transport: ipc` the engine is built with
+`weight_transfer_config={"backend": "ipc"}` and sleep mode. `send_weights_ipc` exports CUDA IPC handles of the trainer's HF-layout `(name, tensor)` pairs;
 the engine's workers open them, copy on-device and finish with vLLM's layer-wise reload. The engine must have
 its weights awake (`wake_up(["weights"])`) and may keep its KV cache asleep until generation.
 

@@ -367,6 +367,8 @@ class _StopSignal:
         self.received: str | None = None
 
     def __call__(self, signum: int, frame: Any) -> None:
+        if self.received is not None:  # one stop at a time: a second SIGTERM (srun passes on the job's own and
+            return  # the trap's) must not cut short the stop message or the shutdown
         self.received = signal.Signals(signum).name
         raise Terminated(self.received)
 

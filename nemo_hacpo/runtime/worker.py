@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,18 @@ if TYPE_CHECKING:
     from nemo_hacpo.models.architecture import ModelArch
     from nemo_hacpo.rollout.protocol import RolloutBackend
     from nemo_hacpo.training.trainer import MegatronTrainer
+
+
+def _wait_visible(path: Path, agent: str, rank: int, timeout_s: float = 60.0) -> None:
+    """Wait until `path`, written on another node, shows here: shared filesystems (NFS) may cache a directory's
+    listing for seconds after the barrier that says it is complete."""
+    deadline = time.monotonic() + timeout_s
+    while not path.is_file():
+        if time.monotonic() > deadline:
+            raise FileNotFoundError(f"agent {agent!r} rank {rank}: {path} is not visible on this node "
+                                    f"{timeout_s:.0f} s after rank 0 wrote it; runtime.output_dir must be on a "
+                                    "filesystem every node shares")
+        time.sleep(0.5)
 
 
 def release_cached_memory() -> None:
@@ -230,6 +243,7 @@ class AgentRank:
         hf_dir = self.save_hf(str(self.run_dir / "engines" / self.agent.name))
         if self.engine_gpus is None:
             return None
+        _wait_visible(Path(hf_dir) / "config.json", self.agent.name, self.rank)
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
         if self.engine_gpus:  # CUDA: the engine's (spawned) processes see exactly its GPUs
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.engine_gpus)

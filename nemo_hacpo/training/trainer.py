@@ -450,8 +450,8 @@ class MegatronTrainer:
             self.optimizer.zero_grad()
             self._run_schedule(self.model, batches, loss_func, forward_only=False)
             update_successful, grad_norm, _ = self.optimizer.step()
-            self.updates_done += 1  # counts attempts: a skipped fp16 update still moved the loss scaler's state
-            if update_successful:
+            if update_successful:  # (updates_done counts applied updates: it says whether Adam has state to save)
+                self.updates_done += 1
                 self.scheduler.step(1)
                 grad_norms.append(float(grad_norm) if grad_norm is not None else math.nan)
             elif self.config.fp16:  # the loss scaler found an overflow: this update is skipped, the scale lowered

@@ -12,6 +12,7 @@ TP = 1 runs in this process; TP = 2 and PP = 2 run in one spawn of 2 gloo proces
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -248,10 +249,9 @@ def test_a_save_replaces_an_earlier_export_whole_and_a_failed_save_keeps_it(hf_c
     _reload_and_compare(out, hf_references["llama"])
 
 
-def _sync_worker(checkpoint: Path, out_dir: Path, sync: bool) -> bool:
-    """Two DP ranks export; rank 0's writes are slowed by 3 s. Whether rank 1, on return, finds it complete."""
-    import time
-
+def _sync_worker(checkpoint: Path, out_dir: Path, sync: bool, checked: Path) -> bool:
+    """Two DP ranks export; whether rank 1, on return, finds the export complete. Without `sync`, rank 0's first
+    write waits (by construction) until rank 1 has looked, so the race is certain, not a matter of speed."""
     import safetensors.torch
 
     from nemo_hacpo.models.architecture import arch_from_hf
@@ -261,17 +261,22 @@ def _sync_worker(checkpoint: Path, out_dir: Path, sync: bool) -> bool:
     with megatron_parallel_state(tp=1, pp=1):
         model = _megatron_model(arch)
         load_hf_into_megatron(model, arch, checkpoint)
-        if torch.distributed.get_rank() == 0:
+        if torch.distributed.get_rank() == 0 and not sync:
             save_file = safetensors.torch.save_file
 
-            def slow_save_file(*args, **kwargs):
-                time.sleep(3.0)
+            def save_file_after_rank_1_looked(*args, **kwargs):
+                deadline = time.monotonic() + 120
+                while not checked.exists():
+                    assert time.monotonic() < deadline, "rank 1 never looked"
+                    time.sleep(0.05)
                 return save_file(*args, **kwargs)
 
-            safetensors.torch.save_file = slow_save_file
+            safetensors.torch.save_file = save_file_after_rank_1_looked
         save_hf_checkpoint(model, arch, None, out_dir, sync=sync)
         complete = (out_dir / "config.json").is_file() and (out_dir / "model.safetensors").is_file()
-        torch.distributed.barrier()  # rank 0 finishes writing before the next case reuses the directory
+        if torch.distributed.get_rank() == 1:
+            checked.touch()
+        torch.distributed.barrier()
         return complete
 
 
@@ -279,8 +284,9 @@ def _sync_worker(checkpoint: Path, out_dir: Path, sync: bool) -> bool:
 def test_sync_returns_on_every_rank_only_once_the_export_is_in_place(hf_checkpoints, tmp_path: Path) -> None:
     """What an engine rank on another node relies on before it starts vLLM on the directory (`AgentRank.save_hf`):
     with `sync=True` rank 1 finds the checkpoint complete on return; without it, not (rank 0 is still writing)."""
-    synced = run_distributed(_sync_worker, 2, hf_checkpoints["llama"], tmp_path / "synced", True)
-    unsynced = run_distributed(_sync_worker, 2, hf_checkpoints["llama"], tmp_path / "unsynced", False)
+    synced = run_distributed(_sync_worker, 2, hf_checkpoints["llama"], tmp_path / "synced", True, tmp_path / "s")
+    unsynced = run_distributed(_sync_worker, 2, hf_checkpoints["llama"], tmp_path / "unsynced", False,
+                               tmp_path / "u")
     assert synced == [True, True] and unsynced == [True, False]
 
 

@@ -300,6 +300,8 @@ def test_the_sigterm_handler_interrupts_as_a_keyboard_interrupt_and_names_the_si
         signal.signal(signal.SIGTERM, previous)
     assert isinstance(caught.value, Terminated) and not isinstance(caught.value, Exception)
     assert handler.received == "SIGTERM"
+    handler(signal.SIGTERM, None)  # a second SIGTERM during the stop (srun passes on the job's and the trap's):
+    assert handler.received == "SIGTERM"  # ignored, so the stop message and the shutdown run to the end
 
 
 def test_refit_hands_cached_memory_back_before_each_engine_wake(tmp_path, monkeypatch):
