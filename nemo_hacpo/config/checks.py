@@ -141,16 +141,9 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
 def _check_engines(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
     """Colocated engines use the trainer's GPUs: vLLM TP groups of T consecutive ranks on one node."""
     key, tp, world = f"agents[{i}].rollout", agent.rollout.tensor_parallel_size, agent.parallel.world_size
-    if agent.rollout.refit_transport == "ipc":
-        # vLLM's IPC weight transfer: the engine rank exports handles of its own GPU only (its TP workers on the
-        # other GPUs find none), gathers them over the default process group (which every rank of a multi-rank
-        # agent would have to join), and stages tensors through one 1 GiB buffer.
-        why = ("needs CUDA" if cfg.runtime.cluster.device != "cuda" else
-               "needs a colocated engine" if not agent.rollout.colocated else
-               f"supports one trainer rank with a TP-1 engine only (this agent: {world} rank(s), engine TP {tp})"
-               if world > 1 or tp > 1 else None)
-        if why:
-            out.append(ConfigIssue(f"{key}.refit_transport", f"ipc {why}", "use refit_transport: rpc"))
+    if agent.rollout.refit_bucket_mb < 1:
+        out.append(ConfigIssue(f"{key}.refit_bucket_mb", f"must be ≥ 1 (got {agent.rollout.refit_bucket_mb})",
+                               "use e.g. 512"))
     if cfg.runtime.cluster.device != "cuda":
         return
     if not agent.rollout.colocated:

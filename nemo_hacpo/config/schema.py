@@ -117,10 +117,14 @@ class RolloutConfig:
     seed: int | None = None
     """Engine seed; null = derived from runtime.seed and the agent index."""
     refit_transport: Literal["rpc", "ipc"] = "rpc"
-    """How the trainer's new weights reach the engine after each step. `rpc`: HF-layout tensors in bounded
-    safetensors chunks over vLLM's `collective_rpc` to every engine worker (any device; what CI tests). `ipc`:
-    CUDA IPC handles through vLLM's weight-transfer engine (colocated CUDA only, and for now only for an agent of
-    one rank whose engine has TP = 1 and whose tensors are each under vLLM's 1 GiB staging buffer)."""
+    """How the trainer's new weights reach the engine after each step (`rollout.refit`). `rpc`: the engine rank
+    sends HF-layout tensors in safetensors chunks over vLLM's `collective_rpc` to every engine worker (simple, any
+    device; the whole model passes through host memory). `ipc`: the trainer ranks on the engine's devices stage
+    each bucket in their own device's memory and every engine worker reads the one on its device (CUDA IPC on
+    GPUs, shared memory on CPU); no tensor leaves its device."""
+    refit_bucket_mb: int = 512
+    """Largest refit bucket (MiB): the extra memory a sending rank holds during a refit (a single tensor larger
+    than this travels alone)."""
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@
 - :mod:`~nemo_hacpo.rollout.mismatch` — `token_mult_prob_error` train/inference mismatch metric (pure).
 - :mod:`~nemo_hacpo.rollout.engine` — `RolloutEngine` (imports vLLM when started).
 - :mod:`~nemo_hacpo.rollout.protocol` — `RolloutBackend`, the calls the runtime may make on an engine.
-- :mod:`~nemo_hacpo.rollout.weight_wire` / :mod:`~nemo_hacpo.rollout.worker_extension` — the refit over RPC (the
-  default transport, any device).
-- :mod:`~nemo_hacpo.rollout.weight_sync` — the opt-in CUDA IPC refit (colocated); needs CUDA vLLM.
+- :mod:`~nemo_hacpo.rollout.refit` — the refit strategy per agent rank (`rpc` or `ipc`: bounded buckets, per-device
+  staging buffers, the engine's own process group); :mod:`~nemo_hacpo.rollout.weight_wire` (the `rpc` chunks) and
+  :mod:`~nemo_hacpo.rollout.worker_extension` (what the engine's workers run).
 
 Importing this package does not import vLLM (8 s); `RolloutEngine` does when an engine starts.
 """

@@ -10,13 +10,13 @@ Prompts are rendered with the agent's chat template by `models.chat.render_promp
 as token ids, so self samples and re-encoded cross samples share one prompt encoding. Response text is
 decoded by the agent's tokenizer (special tokens skipped), the same rule the broker applies.
 
-Refit transports (`rollout.refit_transport`):
-- `rpc`, the default on every device: `collective_rpc` with safetensors chunks into the worker extension
+Refit transports (`rollout.refit_transport`; the strategy that drives them is `rollout.refit`):
+- `rpc`: `refit(weights)` — `collective_rpc` with safetensors chunks into the worker extension
   (`worker_extension.py`), which runs vLLM's layer-wise reload. Measured on the 2-core CPU machine, fp32:
   0.03–0.1 s for the 0.8–2.7M-parameter tiny agents (3–11 MB); their engines start in ≈ 15 s and
   generate ≈ 2.5k (Llama-like) to ≈ 4k (Qwen3-like) tokens/s at 32 sequences.
-- `ipc` (opt-in; CUDA colocated, one trainer rank, TP-1 engine): CUDA IPC through vLLM's weight-transfer engine
-  (`weight_sync.send_weights_ipc`).
+- `ipc`: `begin_refit()`, `load_staged(bucket)` per bucket, `finish_refit(...)` — every worker reads the bucket
+  from the staging buffer on its own device (CUDA IPC; shared memory on CPU).
 Either way a colocated engine wakes its weights first (`wake_up(["weights"])`); the KV cache stays asleep until
 `wake_up()`.
 
@@ -248,34 +248,48 @@ class RolloutEngine:
         return rows
 
     # --------------------------------------------------------------------------------------------- refit
-    def refit(self, weights: Iterable[tuple[str, torch.Tensor]], *, transport: str | None = None,
+    def refit(self, weights: Iterable[tuple[str, torch.Tensor]], *,
               chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> RefitStats:
-        """Load new HF-layout weights into the running engine, then reset the prefix cache.
+        """Load new HF-layout weights into the running engine (the `rpc` transport: safetensors chunks of
+        ≤ `chunk_bytes` over collective_rpc), then reset the prefix cache. Returns (and records in `stats`)
+        its time, tensors and bytes. The `ipc` transport drives `begin_refit`/`load_staged`/`finish_refit`
+        (`rollout.refit.StagedRefit`)."""
+        self.begin_refit()
+        start = time.perf_counter()
+        tensors, size = self._refit_rpc(weights, chunk_bytes)
+        return self.finish_refit(time.perf_counter() - start, tensors, size, "rpc", rpc_finish=False)
 
-        `transport`: `rpc` (safetensors chunks over collective_rpc; works anywhere) or `ipc` (CUDA IPC; needs an
-        engine built with that weight-transfer backend); default: the agent's `rollout.refit_transport`. Returns
-        (and records in `stats`) its time, tensors and bytes.
-        """
-        if transport is None:
-            transport = "rpc" if self.settings.device == "cpu" else (self.settings.weight_transfer_backend or "rpc")
+    def begin_refit(self) -> None:
+        """Wake the weights (a sleeping colocated engine) and start vLLM's layer-wise reload on every worker."""
         if "weights" in self._asleep:
             self.wake_up(["weights"])
-        start = time.perf_counter()
-        if transport == "rpc":
-            tensors, size = self._refit_rpc(weights, chunk_bytes)
-        elif transport == "ipc":
-            from nemo_hacpo.rollout.weight_sync import LLMWeightSyncClient, send_weights_ipc
+        self._llm.collective_rpc("nemo_hacpo_begin_refit")
 
-            materialized = list(weights)
-            size = sum(t.numel() * t.element_size() for _, t in materialized)
-            tensors = send_weights_ipc(LLMWeightSyncClient(self._llm), materialized)
-        else:
-            raise ValueError(f"unknown refit transport {transport!r}; use 'rpc' or 'ipc'")
+    def load_staged(self, payload: bytes) -> list[tuple[str, int]]:
+        """One bucket of a staged refit (`rollout.refit.encode_staged`); every worker loads it. Returns, per
+        worker (TP rank order), the device key of the buffer it read and the number of tensors it loaded."""
+        try:
+            return [(str(key), int(n)) for key, n in self._llm.collective_rpc("nemo_hacpo_load_staged",
+                                                                            args=(payload,))]
+        except BaseException:
+            self._abort_refit()
+            raise
+
+    def finish_refit(self, seconds: float, tensors: int, size: int, transport: str, *,
+                     rpc_finish: bool = True) -> RefitStats:
+        """Finish the reload on every worker (raises if a parameter got no weight), reset the prefix cache."""
+        if rpc_finish:
+            self._llm.collective_rpc("nemo_hacpo_finish_refit")
         self._llm.reset_prefix_cache()
-        return self._record_refit(time.perf_counter() - start, tensors, size, transport)
+        return self._record_refit(seconds, tensors, size, transport)
+
+    def _abort_refit(self) -> None:
+        try:  # put the model back in a runnable state before surfacing the error
+            self._llm.collective_rpc("nemo_hacpo_finish_refit")
+        except Exception:  # noqa: BLE001 - the original error is the one to report
+            logger.exception("finishing an interrupted refit failed as well")
 
     def _refit_rpc(self, weights: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int) -> tuple[int, int]:
-        self._llm.collective_rpc("nemo_hacpo_begin_refit")
         tensors = size = 0
         try:
             for chunk in iter_chunks(weights, chunk_bytes):
@@ -284,10 +298,7 @@ class RolloutEngine:
                 tensors += len(chunk)
                 size += len(payload)
         except BaseException:
-            try:  # put the model back in a runnable state before surfacing the error
-                self._llm.collective_rpc("nemo_hacpo_finish_refit")
-            except Exception:  # noqa: BLE001 - the original error is the one to report
-                logger.exception("finishing an interrupted refit failed as well")
+            self._abort_refit()
             raise
         self._llm.collective_rpc("nemo_hacpo_finish_refit")
         return tensors, size

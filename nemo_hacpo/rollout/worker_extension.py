@@ -6,6 +6,7 @@ engines (NCCL, CUDA IPC) use:
 
     nemo_hacpo_begin_refit()           note tied parameters; initialize_layerwise_reload(model)
     nemo_hacpo_load_chunk(payload) ×k  model.load_weights(HF-layout pairs)   (TP shards are cut by the loaders)
+      or nemo_hacpo_load_staged(payload) ×k   the same, from the staging buffer of this worker's device
     nemo_hacpo_finish_refit()          finalize_layerwise_reload(model, model_config); check nothing was missed
                                        (vLLM's warning for buffer-only layers, e.g. RotaryEmbedding, filtered)
 
@@ -99,7 +100,31 @@ class RefitWorkerExtension:
         self._nemo_hacpo_loaded: set[str] | None = set()
 
     def nemo_hacpo_load_chunk(self, payload: bytes) -> int:
-        """Load one chunk; returns the number of tensors it held.
+        """Load one safetensors chunk (the `rpc` transport); returns the number of tensors it held."""
+        return self._nemo_hacpo_load(decode_chunk(payload))
+
+    def nemo_hacpo_load_staged(self, payload: bytes) -> tuple[str, int]:
+        """Load one bucket of the `ipc` transport (`rollout.refit`): open the staging buffer published for this
+        worker's device, copy the bucket's tensors out and load them; returns (the device key it read, the
+        number of tensors)."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        from nemo_hacpo.rollout.refit import decode_staged, device_key, open_handle, unpack_bucket
+
+        handles, entries = decode_staged(payload)
+        key = device_key("cuda" if torch.cuda.is_available() else "cpu", get_tensor_model_parallel_rank())
+        if key not in handles:
+            raise RuntimeError(f"refit bucket has no staging buffer for this worker's device {key!r} (published: "
+                               f"{sorted(handles)}): the engine's TP group and the trainer ranks that send differ")
+        buffer = open_handle(handles[key])
+        try:
+            weights = unpack_bucket(buffer, entries)
+        finally:
+            del buffer
+        return key, self._nemo_hacpo_load(weights)
+
+    def _nemo_hacpo_load(self, weights: list[tuple[str, torch.Tensor]]) -> int:
+        """Load HF-layout pairs into the model under reload; returns their number.
 
         Models with tied parameters load tensor by tensor, so that the tensor which fed a canonical parameter
         is known and can be loaded under the parameter's aliases too (unless an alias already got a weight).
@@ -108,8 +133,7 @@ class RefitWorkerExtension:
 
         loaded_so_far = getattr(self, "_nemo_hacpo_loaded", None)
         if loaded_so_far is None:
-            raise RuntimeError("nemo_hacpo_load_chunk before nemo_hacpo_begin_refit")
-        weights = decode_chunk(payload)
+            raise RuntimeError("a refit chunk arrived before nemo_hacpo_begin_refit")
         model = self._nemo_hacpo_model()
         aliases: dict[str, str] = getattr(self, "_nemo_hacpo_aliases", {})
         with set_current_vllm_config(self.vllm_config):

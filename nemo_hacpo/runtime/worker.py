@@ -25,6 +25,7 @@ import torch
 from nemo_hacpo.algo.rows import TrainingRows
 from nemo_hacpo.config import AgentConfig
 from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
+from nemo_hacpo.rollout.refit import RpcRefit, StagedRefit, make_refit_strategy
 from nemo_hacpo.training.loss_metrics import TrainMetrics
 from nemo_hacpo.training.objective import Objective
 
@@ -145,6 +146,7 @@ class AgentRank:
         self.tokenizer: Any = None
         self.arch: ModelArch | None = None
         self._sft_rows: list[tuple[list[int], list[int]]] = []
+        self.refit_strategy: RpcRefit | StagedRefit | None = None
 
     # ------------------------------------------------------------------------------------------- set-up
     def address(self) -> tuple[str, int]:
@@ -183,6 +185,10 @@ class AgentRank:
         init_distributed(self.rank, world, master_addr, master_port, timeout_s=self.collective_timeout_s,
                          local_rank=gpu, store=self._store if self.rank == 0 else None)
         self.engine_gpus = self._engine_gpus(gpu)
+        self.refit_strategy = make_refit_strategy(
+            self.agent.rollout.refit_transport, rank=self.rank, world=world,
+            engine_tp=self.agent.rollout.tensor_parallel_size, device="cuda" if torch.cuda.is_available() else "cpu",
+            bucket_mb=self.agent.rollout.refit_bucket_mb, tag=self.agent.name)
         self.tokenizer = load_tokenizer(tokenizer_source(self.agent))
         self.arch = model_arch(self.agent, len(self.tokenizer))
         self.trainer = MegatronTrainer(self.agent, self.arch, seed=self.seed, total_updates=self.total_updates,
@@ -307,25 +313,30 @@ class AgentRank:
         return metrics if self.rank == 0 else None
 
     def refit(self) -> RefitStats | None:
-        """Collective: stream the trainer's weights in HF layout into the engine (engine ranks); the first
-        engine rank returns its stats."""
+        """Collective: stream the trainer's weights in HF layout, in bounded buckets, into the engines (the
+        agent's `rollout.refit` strategy decides who copies what where); the first engine rank returns its stats."""
         from nemo_hacpo.models.hf_conversion import export_hf_weights
 
-        trainer = self._trainer()
-        weights = export_hf_weights([trainer.module], self.arch, to_cpu=True, parallel=trainer.model_parallel)
+        trainer, strategy = self._trainer(), self._refit_strategy()
+        weights = export_hf_weights([trainer.module], self.arch, to_cpu=strategy.export_to_cpu,
+                                    parallel=trainer.model_parallel)
+        if self.engine is not None:
+            # Colocated CUDA: what torch's caching allocator keeps of the training step's peak (activations,
+            # logits) is handed back before the engine re-allocates its weights, and the refit's buffers before
+            # its KV cache — otherwise the engine wakes into memory the trainer no longer uses but still holds.
+            release_cached_memory()
+            self.engine.wake_up(["weights"])
+        stats = strategy.refit(weights, self.engine)
         if self.engine is None:
-            for _ in weights:  # every rank runs the gather in step; only engine ranks feed an engine
-                pass
             return None
-        # Colocated CUDA: what torch's caching allocator keeps of the training step's peak (activations, logits)
-        # is handed back before the engine re-allocates its weights, and the refit's gather buffers before its
-        # KV cache — otherwise the engine wakes into memory the trainer no longer uses but still holds.
-        release_cached_memory()
-        self.engine.wake_up(["weights"])
-        stats = self.engine.refit(weights)
         release_cached_memory()
         self.engine.wake_up(["kv_cache"])
         return stats if self.rank == 0 else None
+
+    def _refit_strategy(self) -> RpcRefit | StagedRefit:
+        if self.refit_strategy is None:
+            raise RuntimeError(f"agent {self.agent.name!r} rank {self.rank}: call setup() first")
+        return self.refit_strategy
 
     def sft(self, prompts: list[list[dict]] | None, solutions: list[str] | None, steps: int, batch_size: int,
             seed: int, first_step: int = 0) -> list[float] | None:
@@ -383,6 +394,8 @@ class AgentRank:
         if self.engine is not None:
             self.engine.shutdown()
             self.engine = None
+        if self.refit_strategy is not None:
+            self.refit_strategy.close()
         if self.trainer is not None:
             self.trainer.close()
             self.trainer = None

@@ -1,8 +1,8 @@
-"""The rollout engine on CUDA vLLM: colocated sleep/wake + refit over CUDA IPC, and NCCL refit from a trainer on
-another GPU. Skipped without CUDA (tests/gpu/conftest.py marks every test here `gpu`).
-
-Not run on the CPU development machine; written against vLLM 0.32's weight-transfer API (the same one
-`nemo_hacpo.rollout.weight_sync` uses). Prints generation tokens/s, sleep/wake and refit times.
+"""The rollout engine on CUDA vLLM: colocated sleep/wake, the staged refit over CUDA IPC (`rollout.refit`, the
+`ipc` transport, in buckets smaller than the model so several are sent), then the `rpc` fallback. Skipped
+without CUDA (tests/gpu/conftest.py marks every test here `gpu`). The same strategy runs on CPU, with shared
+memory in place of CUDA IPC, in tests/integration/rollout/test_staged_refit.py. Prints generation tokens/s,
+sleep/wake and refit times.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _mean_abs(a: list[list[float]], b: list[list[float]]) -> float:
     return float((flat(a) - flat(b)).abs().mean())
 
 
-def _agent(colocated: bool):  # colocated: the CUDA IPC refit (one rank, TP 1: where the config allows it)
+def _agent(colocated: bool):
     agent = load_config("pair_tiny").agent("llama_tiny")
     rollout = dataclasses.replace(agent.rollout, colocated=colocated, gpu_memory_utilization=0.3,
                                   enforce_eager=False,  # CUDA graphs: the production path the refit must keep valid
@@ -74,7 +74,17 @@ def test_colocated_sleep_wake_and_ipc_refit(checkpoint):
             engine.generate(prompts[:1], n=1, max_tokens=4)
 
         tiny.sgd_step_on_nll(model, sequences, lr=1e-2)  # "training" while asleep
-        stats = engine.refit(tiny.hf_weights(model))  # wakes the weights, CUDA IPC, layer-wise reload
+        from nemo_hacpo.rollout.refit import StagedRefit
+        from tests.helpers.distributed import free_port
+
+        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                             world_size=1)
+        try:  # wakes the weights; buckets of ≤ 1 MiB through one reused CUDA IPC staging buffer
+            strategy = StagedRefit(rank=0, world=1, engine_tp=1, device="cuda", bound=1 << 20, tag="gpu_test")
+            stats = strategy.refit(tiny.hf_weights(model), engine)
+        finally:
+            torch.distributed.destroy_process_group()
+        assert stats.transport == "ipc" and stats.tensors == len(tiny.hf_weights(model))
         assert engine.asleep == frozenset({"kv_cache"})
         start = time.perf_counter()
         engine.wake_up()
@@ -90,7 +100,7 @@ def test_colocated_sleep_wake_and_ipc_refit(checkpoint):
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.mul_(1.01)
-        engine.refit(tiny.hf_weights(model), transport="rpc")
+        engine.refit(tiny.hf_weights(model))
         engine.wake_up()
         assert _mean_abs(engine.score(sequences), tiny.hf_logprobs(model, sequences)) < MATCH_TOLERANCE
         generated = engine.generate(prompts[:2], n=2, max_tokens=8)

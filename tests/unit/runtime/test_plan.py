@@ -54,7 +54,7 @@ def test_public_model_sizes(large_env):
 
 def test_pair_large_fits_five_nodes_of_h100(large_env):
     cfg = load_config("pair_large")
-    assert {a.rollout.refit_transport for a in cfg.agents} == {"rpc"}  # the IPC refit cannot serve TP-8 engines
+    assert {a.rollout.refit_transport for a in cfg.agents} == {"ipc"}  # staged buckets, no tensor leaves its GPU
     plans = [plan_agent(agent, model_arch(agent), cfg) for agent in cfg.agents]
     assert [p.gpus for p in plans] == [32, 8] and all(p.fits for p in plans), format_plan(plans, cfg)
     llama = plans[0]
