@@ -196,6 +196,10 @@ class AgentConfig:
     offload_reference: bool = False
     """Keep the reference model (β > 0 only) in pinned host memory between its forwards; it is copied to the
     device for each no-grad reference pass and released after. Saves one copy of the weights on the GPU."""
+    offload_train_state: bool = False
+    """Between updates, keep the optimizer state (Adam m, v and fp32 main parameters) in host memory and free the
+    gradient buffers (`training.memory`): while the colocated engine generates, the trainer holds only its
+    weights on the GPU. Costs one host↔device copy of the optimizer state per step."""
     max_prompt_length: int = 256
     """Prompt tokens (after the chat template); longer prompts are an error in the data."""
     max_response_length: int = 256

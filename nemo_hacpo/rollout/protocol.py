@@ -61,6 +61,11 @@ class RolloutBackend(Protocol):
         ...
 
     @property
+    def asleep(self) -> frozenset[str]:
+        """What is released right now (`weights`, `kv_cache`)."""
+        ...
+
+    @property
     def stats(self) -> dict[str, float]:
         """Start-up time, last generation throughput, last refit time."""
         ...

@@ -12,6 +12,7 @@ so a result crosses Ray once. Generation runs on the engine ranks. What crosses 
 
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 import socket
@@ -32,6 +33,7 @@ from nemo_hacpo.training.objective import Objective
 if TYPE_CHECKING:
     from nemo_hacpo.models.architecture import ModelArch
     from nemo_hacpo.rollout.protocol import RolloutBackend
+    from nemo_hacpo.training.memory import TrainStateOffload
     from nemo_hacpo.training.trainer import MegatronTrainer
 
 
@@ -147,6 +149,8 @@ class AgentRank:
         self.arch: ModelArch | None = None
         self._sft_rows: list[tuple[list[int], list[int]]] = []
         self.refit_strategy: RpcRefit | StagedRefit | None = None
+        self.train_state: TrainStateOffload | None = None  # agent.offload_train_state
+        self.phases: collections.deque[str] = collections.deque(maxlen=64)  # recent memory phases, in order
 
     # ------------------------------------------------------------------------------------------- set-up
     def address(self) -> tuple[str, int]:
@@ -200,6 +204,11 @@ class AgentRank:
             self.trainer.sync_reference()
         if resume_from is not None:
             self.trainer.load_checkpoint(resume_from)
+        if self.agent.offload_train_state:
+            from nemo_hacpo.training.memory import TrainStateOffload
+
+            self.train_state = TrainStateOffload(self.trainer.optimizer, [self.trainer.model])
+            self._offload_train_state()
         engine = self.start_engine() if start_engine else None
         return RankInfo(agent=self.agent.name, rank=self.rank,
                         parameters=sum(p.numel() for p in self.trainer.model.parameters()), family=self.arch.family,
@@ -282,6 +291,7 @@ class AgentRank:
         result = self.engine.generate(prompts, n, sampling=sampling, seed=seed)
         if sleep_after and self.engine.can_sleep:
             self.engine.sleep(level=2)  # weights and KV cache dropped: the refit after training rewrites them
+            self.phases.append("engine:asleep")
         return result
 
     # ----------------------------------------------------------------------------------------- training
@@ -308,9 +318,25 @@ class AgentRank:
         return OldLogprobs(mean=means, mismatch=mismatch, token=tokens)
 
     def train(self, rows: TrainingRows, objective: Objective, step: int) -> TrainMetrics | None:
-        """Collective: `objective.updates_per_step` optimizer updates over the learner's rows. Rank 0 returns."""
+        """Collective: `objective.updates_per_step` optimizer updates over the learner's rows. Rank 0 returns.
+
+        With `offload_train_state` the optimizer state comes back for the update and leaves again after it."""
+        self._restore_train_state()
         metrics = self._trainer().train_step(rows, objective, step)
+        self._offload_train_state()
         return metrics if self.rank == 0 else None
+
+    # ------------------------------------------------------------------------------- memory between phases
+    def _offload_train_state(self) -> None:
+        if self.train_state is not None:
+            self.train_state.offload()
+            self.phases.append("train_state:host")
+        release_cached_memory()
+
+    def _restore_train_state(self) -> None:
+        if self.train_state is not None:
+            self.train_state.restore()
+            self.phases.append("train_state:device")
 
     def refit(self) -> RefitStats | None:
         """Collective: stream the trainer's weights in HF layout, in bounded buckets, into the engines (the
@@ -326,11 +352,14 @@ class AgentRank:
             # its KV cache — otherwise the engine wakes into memory the trainer no longer uses but still holds.
             release_cached_memory()
             self.engine.wake_up(["weights"])
+            self.phases.append("engine:weights")
         stats = strategy.refit(weights, self.engine)
+        self.phases.append("refit")
         if self.engine is None:
             return None
         release_cached_memory()
         self.engine.wake_up(["kv_cache"])
+        self.phases.append("engine:awake")
         return stats if self.rank == 0 else None
 
     def _refit_strategy(self) -> RpcRefit | StagedRefit:
@@ -373,7 +402,22 @@ class AgentRank:
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def save(self, directory: str, step: int) -> str:
-        return self._trainer().save_checkpoint(directory, step)
+        """Collective: a trainer checkpoint (model, optimizer, scheduler, RNG). A colocated engine sleeps
+        meanwhile (level 1: its weights wait in host memory): the optimizer's save gathers fp32 state on the
+        GPUs, which must not meet an awake engine's weights and KV cache."""
+        slept = self.engine is not None and self.engine.can_sleep and not self.engine.asleep
+        if slept:
+            self.engine.sleep(level=1)
+            self.phases.append("engine:asleep")
+        self._restore_train_state()
+        try:
+            self.phases.append("checkpoint")
+            return self._trainer().save_checkpoint(directory, step)
+        finally:
+            self._offload_train_state()
+            if slept:
+                self.engine.wake_up()
+                self.phases.append("engine:awake")
 
     def load(self, directory: str) -> dict[str, Any]:
         return self._trainer().load_checkpoint(directory)
