@@ -55,7 +55,7 @@ def staged_refit(run_dir: str, port: int) -> dict | None:
 
     def both():
         token_lp = rank.trainer.compute_token_logprobs(token_ids, masks)
-        trainer = [token_lp[i, p - 1:len(t) - 1].tolist() for i, (p, t) in enumerate(zip(prompt_lengths, token_ids))]
+        trainer = [token_lp[i, p - 1:len(t) - 1].tolist() for i, (p, t) in enumerate(zip(prompt_lengths, token_ids, strict=True))]
         return trainer, rank.engine.score(token_ids, prompt_lengths) if rank.engine is not None else None
 
     trainer_before, vllm_before = both()
