@@ -11,10 +11,21 @@ Estimates (bytes per GPU of the busiest pipeline stage; P_s = that stage's param
                  10 + 24/TP without
     logits       s · b · V / TP · 4 · 3                   (fp32 logits + log-softmax + grad, last stage)
     reference    P_s · bytes(dtype)                       (β > 0 without `offload_reference`: a frozen copy)
-    vLLM         gpu_memory_utilization · GPU memory      (generation phase; a colocated engine sleeps during
-                                                           training, while it generates the trainer's weights,
-                                                           gradient buffers, optimizer state and reference stay
-                                                           on the GPU next to it: nothing offloads them)
+    vLLM         gpu_memory_utilization · GPU memory      (its weights + KV cache, while it generates)
+
+Phases (a colocated engine sleeps while its GPUs train; `training.memory` describes the order):
+
+    train        weights + gradients + optimizer + activations + logits + reference     (engine asleep)
+    generate     resident + vLLM                 resident = weights + reference, + gradients + optimizer
+                                                 unless `offload_train_state` moves them to the host
+    refit        resident + vLLM weights + buffers   (KV cache still asleep; buffers: the export's gathered
+                                                 full HF tensor, + with `ipc` the sender's staging bucket and
+                                                 the engine worker's copy of it on the same GPU, each ≤ the
+                                                 larger of rollout.refit_bucket_mb and the largest tensor)
+    checkpoint   weights + gradients + optimizer + reference + gather   (engine asleep; the distributed
+                                                 optimizer's `fully_reshardable` save gathers each state key of
+                                                 the stage, un-sharded, on every DP rank: P_s · 4 bytes, plus
+                                                 its own shard's copy P_s · 4 / DP)
 
 The KV cache left to vLLM after its weights must hold at least one max-length sequence. These are
 estimates for planning, not guarantees: CUDA context, NCCL buffers and fragmentation take a few GB more
@@ -27,6 +38,8 @@ from dataclasses import dataclass
 
 from nemo_hacpo.config import AgentConfig, HacpoConfig
 from nemo_hacpo.models.architecture import ModelArch
+from nemo_hacpo.models.hf_layouts import hf_tensor_shapes
+from nemo_hacpo.rollout.refit import MIB, refit_plan
 
 GIB = 1024**3
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -60,7 +73,7 @@ def total_parameters(arch: ModelArch) -> int:
 
 @dataclass(frozen=True)
 class AgentPlan:
-    """Memory per GPU (GiB) of one agent's busiest rank, in the training and generation phases."""
+    """Memory per GPU (GiB) of one agent's busiest rank, phase by phase (train, generate, refit, checkpoint)."""
 
     name: str
     gpus: int
@@ -77,12 +90,21 @@ class AgentPlan:
     vllm_weights: float
     kv_cache_sequences: float
     generate_total: float
+    refit_buffers: float
+    refit_total: float
+    checkpoint_gather: float
+    checkpoint_total: float
     gpu_memory: float
     problems: tuple[str, ...]
 
     @property
     def fits(self) -> bool:
         return not self.problems
+
+    @property
+    def peak(self) -> float:
+        """The largest phase (GiB per GPU)."""
+        return max(self.train_total, self.generate_total, self.refit_total, self.checkpoint_total)
 
 
 def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPlan:
@@ -105,7 +127,8 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
     logits = seq * mbs * arch.padded_vocab_size(par.tp) / par.tp * 4 * 3 / GIB
     reference = weights if cfg.algo.kl_coef > 0 and not agent.offload_reference else 0.0
     train_total = weights + gradients + optimizer + activations + logits + reference
-    resident = weights + gradients + optimizer + reference  # what the trainer keeps on the GPU between steps
+    train_state = 0.0 if agent.offload_train_state else gradients + optimizer
+    resident = weights + reference + train_state  # what the trainer keeps on the GPU while the engine works
 
     gpu_memory = cluster.gpu_memory_gib if cluster.device == "cuda" else float("inf")
     vllm_budget = roll.gpu_memory_utilization * gpu_memory if cluster.device == "cuda" else float(roll.cpu_kvcache_gib)
@@ -113,16 +136,37 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
     kv_per_token = 2 * arch.num_layers * arch.num_query_groups * arch.head_dim * 2 / roll.tensor_parallel_size
     kv_space = vllm_budget - (vllm_weights if cluster.device == "cuda" else 0.0)
     kv_sequences = kv_space * GIB / (kv_per_token * seq)
-    generate_total = (resident if roll.colocated else 0.0) + (vllm_budget if cluster.device == "cuda" else 0.0)
+    on_gpu = cluster.device == "cuda"
+    generate_total = (resident if roll.colocated else 0.0) + (vllm_budget if on_gpu else 0.0)
+
+    shapes = hf_tensor_shapes(arch)
+    largest = max(_numel(shape) for shape in shapes.values()) * dtype_bytes / GIB
+    staging = 0.0
+    if roll.refit_transport == "ipc":
+        staging = refit_plan(shapes, dtype_bytes, bound=roll.refit_bucket_mb * MIB, world=par.world_size,
+                             engine_tp=roll.tensor_parallel_size, device=cluster.device,
+                             transport="ipc").peak_bytes / GIB
+    refit_buffers = largest + 2 * staging  # the sender's bucket, and the worker's copy until its layer loads
+    refit_total = (resident if roll.colocated else 0.0) + (vllm_weights if on_gpu else 0.0) + refit_buffers
+    gather = stage_params * 4 * (1 + 1 / opt_shards) / GIB if agent.optimizer.use_distributed_optimizer else 0.0
+    checkpoint_total = weights + gradients + optimizer + reference + gather
 
     problems = []
-    if train_total > MARGIN * gpu_memory:
+    limit = MARGIN * gpu_memory
+    if train_total > limit:
         problems.append(f"training needs ~{train_total:.1f} GiB per GPU > {MARGIN:.0%} of {gpu_memory:.0f} GiB: "
                         "raise tp/pp, use the distributed optimizer, or shrink micro_batch_size")
-    if cluster.device == "cuda" and generate_total > MARGIN * gpu_memory:
-        problems.append(f"generation needs ~{generate_total:.1f} GiB per GPU (the trainer's resident weights, "
-                        f"gradients, optimizer state and reference, {resident:.1f}, + vLLM's budget) > "
-                        f"{MARGIN:.0%} of {gpu_memory:.0f} GiB: lower rollout.gpu_memory_utilization")
+    if on_gpu and generate_total > limit:
+        problems.append(f"generation needs ~{generate_total:.1f} GiB per GPU (the trainer's resident state "
+                        f"{resident:.1f} + vLLM's budget) > {MARGIN:.0%} of {gpu_memory:.0f} GiB: lower "
+                        "rollout.gpu_memory_utilization or set offload_train_state: true")
+    if on_gpu and refit_total > limit:
+        problems.append(f"the refit needs ~{refit_total:.1f} GiB per GPU (resident {resident:.1f} + vLLM weights "
+                        f"{vllm_weights:.1f} + buffers {refit_buffers:.1f}) > {MARGIN:.0%} of {gpu_memory:.0f} GiB: "
+                        "lower rollout.refit_bucket_mb or set offload_train_state: true")
+    if on_gpu and checkpoint_total > limit:
+        problems.append(f"saving a checkpoint needs ~{checkpoint_total:.1f} GiB per GPU (the optimizer's gather "
+                        f"{gather:.1f}) > {MARGIN:.0%} of {gpu_memory:.0f} GiB: raise tp/pp")
     if kv_sequences < 1:
         problems.append(f"vLLM's KV cache ({kv_space:.1f} GiB after weights) cannot hold one {seq}-token sequence: "
                         "raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size")
@@ -130,25 +174,40 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
         " colocated" if roll.colocated else " separate")
     gpus = par.world_size + (0 if roll.colocated else roll.tensor_parallel_size)
     return AgentPlan(agent.name, gpus, layout, total_parameters(arch), weights, gradients, optimizer, activations,
-                     logits, reference, train_total, vllm_budget, vllm_weights, kv_sequences, generate_total, gpu_memory,
-                     tuple(problems))
+                     logits, reference, train_total, vllm_budget, vllm_weights, kv_sequences, generate_total,
+                     refit_buffers, refit_total, gather, checkpoint_total, gpu_memory, tuple(problems))
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def format_plan(plans: list[AgentPlan], cfg: HacpoConfig) -> str:
+    """Two tables: what each agent's busiest GPU holds (GiB), and its total in each phase."""
     cluster = cfg.runtime.cluster
+    cuda = cluster.device == "cuda"
     lines = [f"plan: {len(plans)} agents, algo={cfg.algo.name}, device={cluster.device}"
              + (f", {cluster.num_nodes} node(s) × {cluster.gpus_per_node} GPU(s) × {cluster.gpu_memory_gib:.0f} GiB"
-                if cluster.device == "cuda" else ""),
-             f"| agent | params | {'GPUs' if cluster.device == 'cuda' else 'ranks'} | layout | weights | grads | optim | activ | logits | ref | "
-             "train GiB/GPU | vLLM GiB | KV seqs | generate GiB/GPU | fits |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                if cuda else ""),
+             f"| agent | params | {'GPUs' if cuda else 'ranks'} | layout | weights | grads | optim | activ | logits | "
+             "ref | vLLM | KV seqs | refit buffers | ckpt gather |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in plans:
         size = f"{p.parameters / 1e9:.2f}B" if p.parameters >= 1e9 else f"{p.parameters / 1e6:.2f}M"
-        lines.append(f"| {p.name} | {size} | {p.gpus} | {p.layout} | {p.weights:.1f} | "
-                     f"{p.gradients:.1f} | {p.optimizer:.1f} | {p.activations:.1f} | {p.logits:.1f} | "
-                     f"{p.reference:.1f} | {p.train_total:.1f} | {p.vllm_budget:.1f} | {p.kv_cache_sequences:,.0f} | "
-                     f"{p.generate_total:.1f} | {'yes' if p.fits else 'NO'} |")
-    if cluster.device == "cuda":
+        lines.append(f"| {p.name} | {size} | {p.gpus} | {p.layout} | {p.weights:.1f} | {p.gradients:.1f} | "
+                     f"{p.optimizer:.1f} | {p.activations:.1f} | {p.logits:.1f} | {p.reference:.1f} | "
+                     f"{p.vllm_budget:.1f} | {p.kv_cache_sequences:,.0f} | {p.refit_buffers:.2f} | "
+                     f"{p.checkpoint_gather:.1f} |")
+    limit = f"{MARGIN * plans[0].gpu_memory:.0f}" if cuda and plans else "—"
+    lines += ["", f"| agent | train | generate | refit | checkpoint | peak GiB/GPU (limit {limit}) | fits |",
+              "|---|---|---|---|---|---|---|"]
+    for p in plans:
+        lines.append(f"| {p.name} | {p.train_total:.1f} | {p.generate_total:.1f} | {p.refit_total:.1f} | "
+                     f"{p.checkpoint_total:.1f} | {p.peak:.1f} | {'yes' if p.fits else 'NO'} |")
+    if cuda:
         used, have = sum(p.gpus for p in plans), cluster.num_nodes * cluster.gpus_per_node
         lines.append(f"GPUs: {used} of {have} used")
     for p in plans:

@@ -63,11 +63,23 @@ def test_pair_large_fits_five_nodes_of_h100(large_env):
     assert llama.optimizer == pytest.approx(2.27e9 * 12 / 1024**3, rel=0.02)  # dp=1: nothing to shard
     assert llama.reference == pytest.approx(llama.weights)  # β = 0.001: a frozen bf16 copy, not offloaded
     assert llama.train_total < 72
-    # while vLLM generates, the trainer's weights, gradient buffers, optimizer state and reference stay put
-    resident = llama.weights + llama.gradients + llama.optimizer + llama.reference
-    assert llama.generate_total == pytest.approx(resident + 0.35 * 80) and llama.generate_total < 72
+    # offload_train_state: while vLLM generates the trainer keeps only its weights and the reference
+    assert llama.generate_total == pytest.approx(llama.weights + llama.reference + 0.35 * 80)
+    # refit (KV cache asleep): + the engine's bf16 weights over vLLM TP 8, the gathered 128256 × 8192 bf16
+    # embedding (1.96 GiB, the largest tensor) and, since it exceeds the 512 MiB bucket, a bucket of its size
+    # on the sender and its copy on the worker
+    embedding = 128256 * 8192 * 2 / 1024**3
+    assert llama.refit_buffers == pytest.approx(3 * embedding)
+    assert llama.refit_total == pytest.approx(llama.weights + llama.reference + 70.55e9 * 2 / 8 / 1024**3
+                                              + 3 * embedding, rel=2e-3)
+    # checkpoint (engine asleep): everything the trainer has + the optimizer's gather, P_s · 4 · (1 + 1/DP)
+    assert llama.checkpoint_gather == pytest.approx(2.27e9 * 4 * 2 / 1024**3, rel=0.02)
+    assert llama.checkpoint_total == pytest.approx(llama.weights + llama.gradients + llama.optimizer
+                                                   + llama.reference + llama.checkpoint_gather)
+    assert all(p.peak < 72 for p in plans)
     text = format_plan(plans, cfg)
     assert "GPUs: 40 of 40 used" in text and "| llama70b | 70.55B | 32 |" in text
+    assert "| agent | train | generate | refit | checkpoint | peak GiB/GPU (limit 72) | fits |" in text
 
 
 def test_a_layout_that_cannot_fit_is_refused(large_env):
@@ -86,11 +98,28 @@ def test_kv_cache_too_small_is_refused(large_env):
 
 
 def test_generation_counts_what_the_trainer_keeps_on_the_gpu(large_env):
-    # vLLM's 0.6 · 80 GiB next to ~42 GiB of trainer state cannot fit, though the engine alone would
-    cfg = load_config("pair_large", ["agents.0.rollout.gpu_memory_utilization=0.6"])
+    # without offloading: vLLM's 0.6 · 80 GiB next to ~42 GiB of trainer state cannot fit, though the engine
+    # alone would
+    cfg = load_config("pair_large", ["agents.0.rollout.gpu_memory_utilization=0.6", "agents.0.offload_train_state=false"])
     plan = plan_agent(cfg.agents[0], model_arch(cfg.agents[0]), cfg)
     assert any(p.startswith("generation needs") and "resident" in p for p in plan.problems), plan.problems
+    kept_state = load_config("pair_large", ["agents.0.offload_train_state=false"])
+    plan = plan_agent(kept_state.agents[0], model_arch(kept_state.agents[0]), kept_state)
+    assert plan.generate_total == pytest.approx(plan.weights + plan.gradients + plan.optimizer + plan.reference
+                                                + 0.35 * 80)
     base, off = load_config("pair_large"), load_config("pair_large", ["agents.0.offload_reference=true"])
     kept = plan_agent(base.agents[0], model_arch(base.agents[0]), base)
     offloaded = plan_agent(off.agents[0], model_arch(off.agents[0]), off)
     assert offloaded.reference == 0 and offloaded.generate_total == pytest.approx(kept.generate_total - kept.reference)
+
+
+def test_each_phase_is_checked_on_its_own(large_env):
+    # qwen8b without TP: its checkpoint (everything + the optimizer's un-sharded gather) does not fit
+    cfg = load_config("pair_large", ["agents.1.parallel.tp=1", "agents.1.parallel.dp=8",
+                                     "agents.1.parallel.sequence_parallel=false"])
+    plan = plan_agent(cfg.agents[1], model_arch(cfg.agents[1]), cfg)
+    assert any(p.startswith("saving a checkpoint needs") for p in plan.problems), plan.problems
+    # the rpc refit needs no staging bucket: only the gathered largest tensor (Qwen3-8B's 151936 × 4096 bf16)
+    rpc = load_config("pair_large", ["agents.1.rollout.refit_transport=rpc"])
+    plan = plan_agent(rpc.agents[1], model_arch(rpc.agents[1]), rpc)
+    assert plan.refit_buffers == pytest.approx(151936 * 4096 * 2 / 1024**3)
