@@ -36,7 +36,7 @@ import os
 import pickle
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -73,22 +73,13 @@ def cut_buckets(sizes: Sequence[int], bound: int) -> list[list[int]]:
     return buckets
 
 
-def iter_buckets(weights: Iterable[tuple[str, torch.Tensor]],
-                 bound: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """`weights` streamed into buckets by the rule of `cut_buckets` (never more than one bucket held)."""
-    if bound < 1:
-        raise ValueError(f"bucket bound must be ≥ 1 byte, got {bound}")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    total = 0
-    for name, tensor in weights:
-        size = _nbytes(tensor)
-        if bucket and total + size > bound:
-            yield bucket
-            bucket, total = [], 0
-        bucket.append((name, tensor))
-        total += size
-    if bucket:
-        yield bucket
+ALIGN = 16
+"""Every tensor starts at a multiple of 16 bytes in a staging buffer (a view of any dtype is valid there)."""
+
+
+def aligned(size: int) -> int:
+    """Bytes a tensor of `size` bytes takes in a staging buffer."""
+    return -(-size // ALIGN) * ALIGN
 
 
 def engine_groups(world: int, engine_tp: int, device: str) -> list[list[int]]:
@@ -135,12 +126,21 @@ class RefitPlan:
 
     @property
     def peak_bytes(self) -> int:
-        """Extra memory one sending rank holds at once: its largest bucket."""
+        """The largest bucket's tensor bytes."""
         return max((b.nbytes for b in self.buckets), default=0)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Each sending rank's staging buffer (`ipc`): the bound, or the largest tensor when it alone exceeds the
+        bound (it travels alone in a buffer of its size)."""
+        singles = [aligned(b.nbytes) for b in self.buckets if len(b.names) == 1]
+        return max([self.bound, *singles]) if self.buckets else 0
 
     def describe(self) -> str:
         lines = [f"refit ({self.transport}): {len(self.buckets)} bucket(s) of ≤ {self.bound / MIB:.0f} MiB, "
-                 f"{self.total_bytes / MIB:.1f} MiB in all, largest {self.peak_bytes / MIB:.1f} MiB"]
+                 f"{self.total_bytes / MIB:.1f} MiB in all, largest {self.peak_bytes / MIB:.1f} MiB"
+                 + (f", staging buffer {self.buffer_bytes / MIB:.1f} MiB per sending rank" if self.transport == "ipc"
+                    else "")]
         for g in self.groups:
             readers = ", ".join(f"worker {w} ← rank {g[s]}" for w, s in enumerate(self.sources))
             lines.append(f"  engine on rank {g[0]}: group {list(g)}" + (f"; {readers}" if self.transport == "ipc"
@@ -154,7 +154,7 @@ def refit_plan(shapes: dict[str, tuple[int, ...]], element_bytes: int, *, bound:
     names = list(shapes)
     sizes = [element_bytes * _numel(shapes[n]) for n in names]
     buckets = tuple(PlannedBucket(tuple(names[i] for i in idx), sum(sizes[i] for i in idx))
-                    for idx in cut_buckets(sizes, bound))
+                    for idx in cut_buckets([aligned(x) for x in sizes], bound))
     groups = tuple(tuple(g) for g in engine_groups(world, engine_tp, device))
     return RefitPlan(transport, bound, buckets, groups, tuple(worker_sources(len(groups[0]), engine_tp)))
 
@@ -184,18 +184,15 @@ def device_key(device: str, tp_rank: int) -> str:
     return f"tp{tp_rank}"
 
 
-def _layout(bucket: Sequence[tuple[str, torch.Tensor]]) -> tuple[list[StagedTensor], int]:
-    entries, offset = [], 0
-    for name, tensor in bucket:
-        size = _nbytes(tensor)
-        entries.append(StagedTensor(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, size))
-        offset += -(-size // 16) * 16  # 16-byte aligned views for every dtype
-    return entries, offset
-
-
 class StagingBuffer:
-    """One sending rank's staging buffer, grown to the largest bucket and reused (CUDA memory, or a POSIX
-    shared-memory file on CPU). `stage(bucket)` copies a bucket in and returns the handle a worker opens."""
+    """One sending rank's staging buffer (CUDA memory, or a POSIX shared-memory file on CPU), filled tensor by
+    tensor as the export yields them and reused bucket after bucket: a rank holds this buffer and the tensor
+    being copied, never a bucket's worth of tensors besides.
+
+        buffer.reserve(capacity)              # (re)allocate when too small
+        offset = buffer.append(tensor, offset)
+        handle = buffer.handle()              # what a worker opens (`open_handle`)
+    """
 
     def __init__(self, device: str, tag: str):
         self.device, self.tag = device, tag
@@ -203,9 +200,14 @@ class StagingBuffer:
         self._path: Path | None = None
         self.peak_bytes = 0
 
-    def _ensure(self, size: int) -> torch.Tensor:
+    @property
+    def capacity(self) -> int:
+        return 0 if self._buffer is None else self._buffer.numel()
+
+    def reserve(self, size: int) -> None:
+        """Make the buffer hold at least `size` bytes (a new, empty one if it has to grow)."""
         if self._buffer is not None and self._buffer.numel() >= size:
-            return self._buffer
+            return
         self.close()
         if self.device == "cuda":
             self._buffer = torch.empty(size, dtype=torch.uint8, device=torch.cuda.current_device())
@@ -214,24 +216,38 @@ class StagingBuffer:
             self._path = shm / f"nemo_hacpo_refit_{self.tag}_{os.getpid()}_{time.monotonic_ns()}"
             self._buffer = torch.from_file(str(self._path), shared=True, size=size, dtype=torch.uint8)
         self.peak_bytes = max(self.peak_bytes, size)
-        return self._buffer
 
-    def stage(self, bucket: Sequence[tuple[str, torch.Tensor]]) -> tuple[Any, list[StagedTensor]]:
-        entries, size = _layout(bucket)
-        buffer = self._ensure(max(size, 1))
-        for entry, (_, tensor) in zip(entries, bucket, strict=True):
-            flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-            buffer[entry.offset:entry.offset + entry.nbytes].copy_(flat, non_blocking=True)
+    def append(self, name: str, tensor: torch.Tensor, offset: int) -> StagedTensor:
+        """Copy `tensor` in at `offset` (a multiple of ALIGN); the next one goes at `offset + aligned(nbytes)`."""
+        size = _nbytes(tensor)
+        if self._buffer is None or offset + size > self._buffer.numel():
+            raise ValueError(f"{name}: {size} bytes at offset {offset} exceed the staging buffer ({self.capacity})")
+        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        self._buffer[offset:offset + size].copy_(flat, non_blocking=True)
+        return StagedTensor(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape), offset, size)
+
+    def handle(self) -> Any:
+        if self._buffer is None:
+            raise RuntimeError("no staging buffer")
         if self.device == "cuda":
             from torch.multiprocessing.reductions import reduce_tensor
 
             torch.cuda.current_stream().synchronize()  # the copies land before another process reads
-            _, args = reduce_tensor(buffer)
-            return ("cuda", args), entries
-        return ("shm", str(self._path), buffer.numel()), entries
+            _, args = reduce_tensor(self._buffer)
+            return ("cuda", args)
+        return ("shm", str(self._path), self._buffer.numel())
+
+    def stage(self, bucket: Sequence[tuple[str, torch.Tensor]]) -> tuple[Any, list[StagedTensor]]:
+        """A whole bucket at once (tests, tools): `reserve`, `append` each, `handle`."""
+        self.reserve(max(sum(aligned(_nbytes(t)) for _, t in bucket), 1))
+        entries, offset = [], 0
+        for name, tensor in bucket:
+            entries.append(self.append(name, tensor, offset))
+            offset += aligned(entries[-1].nbytes)
+        return self.handle(), entries
 
     def close(self) -> None:
-        """Free the buffer (and its shared-memory file); the next `stage` allocates a new one."""
+        """Free the buffer (and its shared-memory file); the next `reserve` allocates a new one."""
         self._buffer = None
         if self._path is not None:
             self._path.unlink(missing_ok=True)
@@ -362,20 +378,35 @@ class StagedRefit:
         self.deliveries = []
         if engine is not None:
             engine.begin_refit()
+        entries: list[StagedTensor] = []
+        offset = 0
+
+        def flush() -> None:
+            nonlocal tensors, size
+            mine = {key: self.buffer.handle() for key in self._keys(index)}
+            gathered: list[Any] = [None] * len(self.group) if engine is not None else []
+            dist.gather_object(mine, gathered if engine is not None else None, group_dst=0, group=self._pg)
+            if engine is not None:
+                handles = {k: v for part in gathered for k, v in part.items()}
+                loaded = engine.load_staged(encode_staged(handles, entries))
+                nbytes = sum(e.nbytes for e in entries)
+                tensors, size = tensors + loaded[0][1], size + nbytes
+                self.deliveries.append(Delivery(nbytes, len(entries), {
+                    self.group[i]: tuple(part) for i, part in enumerate(gathered)}, tuple(k for k, _ in loaded)))
+            dist.barrier(group=self._pg)  # every worker has copied the bucket out: the buffer may be reused
+
         try:
-            for bucket in iter_buckets(weights, self.bound):
-                handle, entries = self.buffer.stage(bucket)
-                mine = {key: handle for key in self._keys(index)}
-                gathered: list[Any] = [None] * len(self.group) if engine is not None else []
-                dist.gather_object(mine, gathered if engine is not None else None, group_dst=0, group=self._pg)
-                if engine is not None:
-                    handles = {k: v for part in gathered for k, v in part.items()}
-                    loaded = engine.load_staged(encode_staged(handles, entries))
-                    nbytes = sum(e.nbytes for e in entries)
-                    tensors, size = tensors + loaded[0][1], size + nbytes
-                    self.deliveries.append(Delivery(nbytes, len(entries), {
-                        self.group[i]: tuple(part) for i, part in enumerate(gathered)}, tuple(k for k, _ in loaded)))
-                dist.barrier(group=self._pg)  # every worker has copied the bucket out: buffers may be reused
+            for name, tensor in weights:  # the cut rule of `cut_buckets` on aligned sizes, applied as they come
+                need = aligned(_nbytes(tensor))
+                if entries and offset + need > self.bound:
+                    flush()
+                    entries, offset = [], 0
+                if not entries:
+                    self.buffer.reserve(max(self.bound, need))
+                entries.append(self.buffer.append(name, tensor, offset))
+                offset += need
+            if entries:
+                flush()
         finally:
             self.buffer.close()
         if engine is None:

@@ -141,12 +141,12 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
 
     shapes = hf_tensor_shapes(arch)
     largest = max(_numel(shape) for shape in shapes.values()) * dtype_bytes / GIB
-    staging = 0.0
+    refit_buffers = largest  # the export's gathered tensor
     if roll.refit_transport == "ipc":
-        staging = refit_plan(shapes, dtype_bytes, bound=roll.refit_bucket_mb * MIB, world=par.world_size,
-                             engine_tp=roll.tensor_parallel_size, device=cluster.device,
-                             transport="ipc").peak_bytes / GIB
-    refit_buffers = largest + 2 * staging  # the sender's bucket, and the worker's copy until its layer loads
+        staged = refit_plan(shapes, dtype_bytes, bound=roll.refit_bucket_mb * MIB, world=par.world_size,
+                            engine_tp=roll.tensor_parallel_size, device=cluster.device, transport="ipc")
+        # + the sender's staging buffer, + the worker's copy of a bucket until its layers are loaded
+        refit_buffers += (staged.buffer_bytes + staged.peak_bytes) / GIB
     refit_total = (resident if roll.colocated else 0.0) + (vllm_weights if on_gpu else 0.0) + refit_buffers
     gather = stage_params * 4 * (1 + 1 / opt_shards) / GIB if agent.optimizer.use_distributed_optimizer else 0.0
     checkpoint_total = weights + gradients + optimizer + reference + gather

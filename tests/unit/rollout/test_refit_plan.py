@@ -13,11 +13,11 @@ from nemo_hacpo.rollout.refit import (
     MIB,
     RpcRefit,
     StagingBuffer,
+    aligned,
     cut_buckets,
     decode_staged,
     encode_staged,
     engine_groups,
-    iter_buckets,
     open_handle,
     refit_plan,
     unpack_bucket,
@@ -33,9 +33,8 @@ def test_buckets_stay_under_the_bound_and_a_larger_tensor_travels_alone():
     assert cut_buckets([], 6) == []
     with pytest.raises(ValueError, match="≥ 1 byte"):
         cut_buckets([1], 0)
-    tensors = [(f"t{i}", torch.zeros(n, dtype=torch.float32)) for i, n in enumerate([3, 3, 5, 1])]  # 12, 12, 20, 4 B
-    streamed = [[name for name, _ in bucket] for bucket in iter_buckets(iter(tensors), 24)]
-    assert streamed == [["t0", "t1"], ["t2", "t3"]]  # the same rule as cut_buckets on the byte sizes
+    # in a staging buffer every tensor starts on a 16-byte boundary; buckets are cut on these sizes
+    assert [aligned(n) for n in (0, 1, 16, 17, 4096)] == [0, 16, 16, 32, 4096]
 
 
 def test_engine_groups_are_exactly_the_ranks_on_each_engines_devices():
@@ -57,9 +56,12 @@ def test_plan_numbers_by_hand():
     plan = refit_plan(shapes, 4, bound=2 * MIB, world=4, engine_tp=2, device="cuda", transport="ipc")
     assert [(b.names, b.nbytes) for b in plan.buckets] == [(("a", "b"), 1.5 * MIB), (("c",), 3 * MIB)]
     assert plan.total_bytes == 4.5 * MIB and plan.peak_bytes == 3 * MIB  # the oversized tensor sets the peak
+    assert plan.buffer_bytes == 3 * MIB  # it travels alone, in a buffer of its size
+    small = refit_plan({"a": (8,)}, 4, bound=2 * MIB, world=1, engine_tp=1, device="cpu", transport="ipc")
+    assert small.buffer_bytes == 2 * MIB  # the buffer is the bound otherwise
     assert plan.groups == ((0, 1), (2, 3)) and plan.sources == (0, 1)
     text = plan.describe()
-    assert "2 bucket(s) of ≤ 2 MiB, 4.5 MiB in all, largest 3.0 MiB" in text
+    assert "2 bucket(s) of ≤ 2 MiB, 4.5 MiB in all, largest 3.0 MiB, staging buffer 3.0 MiB per sending rank" in text
     assert "engine on rank 2: group [2, 3]; worker 0 ← rank 2, worker 1 ← rank 3" in text
 
 
