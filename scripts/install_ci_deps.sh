@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # System packages the CI suite needs beyond the Python venv: Slurm (slurmctld, slurmd, sbatch, ...) and munge,
-# for tests/integration/slurm/. Idempotent: installs only what is missing, and only as root with apt-get;
+# for tests/integration/slurm/, and iproute2 (`ip`) for its multi-node cluster of network namespaces. Idempotent: installs only what is missing, and only as root with apt-get;
 # otherwise it says why it did nothing (the Slurm test then skips locally, and fails under CI=true).
 #
 #   bash scripts/install_ci_deps.sh
@@ -10,9 +10,11 @@ missing=()
 command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v sbatch >/dev/null 2>&1 \
     || missing+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || missing+=(munge)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v nsenter >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 || missing+=(util-linux)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-    echo "[install_ci_deps] slurm-wlm and munge already installed: nothing to do"
+    echo "[install_ci_deps] slurm-wlm, munge, iproute2 and util-linux already installed: nothing to do"
     exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then

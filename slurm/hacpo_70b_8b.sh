@@ -14,7 +14,7 @@
 # Environment: CONFIG (or CONFIG_NAME; default pair_large), PYTHON (default: python on PATH, e.g. a venv's
 # bin/python), HACPO_OUTPUT_DIR (outputs/<config>: resubmitting the job resumes there), HACPO_HEAD_IP (the head
 # node's address the others dial; default: slurm/node_address.py on it, never loopback), RAY_PORT (6379), RAY_NUM_CPUS (default: the CPUs Slurm gave the task),
-# RAY_TEMP_DIR (/tmp/ray-hacpo-<job id>), RAY_WAIT_S (600), RAY_AUTH_MODE (token, with a per-job token),
+# RAY_TEMP_DIR (/tmp/ray-hacpo-<job id> on the head, -<node> appended on the others), RAY_WAIT_S (600), RAY_AUTH_MODE (token, with a per-job token),
 # CONTAINER_MOUNTS (extra mounts; the repository, HACPO_OUTPUT_DIR and the folders of HACPO_*_PATH / *_DATA are
 # mounted already). `--config-name X` among the arguments also picks X.
 # Other sizes: override the #SBATCH lines on the command line. What CI runs on one CPU node (tests/integration/
@@ -179,7 +179,9 @@ ray_start "$head_node" --head --node-ip-address="$head_ip" --port="$RAY_PORT" --
     --temp-dir="$RAY_TEMP_DIR"
 ray_wait 1
 for node in "${nodes[@]:1}"; do
-    ray_start "$node" --address="$head_ip:$RAY_PORT"
+    # its own temp dir: nodes that share /tmp (containers on one host, the namespace nodes of
+    # scripts/slurm_local.sh) would otherwise share Ray's session sockets
+    ray_start "$node" --address="$head_ip:$RAY_PORT" --temp-dir="$RAY_TEMP_DIR-$node"
 done
 [[ ${#nodes[@]} -gt 1 ]] && ray_wait "${#nodes[@]}"
 

@@ -383,7 +383,8 @@ class StagedRefit:
 
         def flush() -> None:
             nonlocal tensors, size
-            mine = {key: self.buffer.handle() for key in self._keys(index)}
+            handle = self.buffer.handle()
+            mine = dict.fromkeys(self._keys(index), handle)
             gathered: list[Any] = [None] * len(self.group) if engine is not None else []
             dist.gather_object(mine, gathered if engine is not None else None, group_dst=0, group=self._pg)
             if engine is not None:

@@ -67,6 +67,12 @@ class RankInfo:
     """The architecture family (llama, qwen3, gpt2, …)."""
     engine: dict[str, float] | None
     """The engine's start-up stats when this rank owns one, else None."""
+    host: str = ""
+    """The node's host name."""
+    address: str = ""
+    """The node's address as other nodes reach it (Ray's node IP; what the rendezvous and vLLM advertise)."""
+    rendezvous: str = ""
+    """The agent's torch.distributed rendezvous (rank 0's TCP store), host:port."""
 
 
 @dataclass(frozen=True)
@@ -212,7 +218,15 @@ class AgentRank:
         engine = self.start_engine() if start_engine else None
         return RankInfo(agent=self.agent.name, rank=self.rank,
                         parameters=sum(p.numel() for p in self.trainer.model.parameters()), family=self.arch.family,
-                        engine=engine)
+                        engine=engine, host=socket.gethostname(), address=self._node_address(),
+                        rendezvous=f"{master_addr}:{master_port}")
+
+    @staticmethod
+    def _node_address() -> str:
+        try:
+            return node_ip_address()
+        except Exception:  # noqa: BLE001 - outside Ray (tests that build a rank in-process)
+            return ""
 
     def _engine_gpus(self, gpu: int | None) -> list[int] | None:
         """Collective: the GPUs of this rank's engine ([] on CPU), or None when this rank owns no engine."""
@@ -259,6 +273,9 @@ class AgentRank:
         if self.engine_gpus is None:
             return None
         _wait_visible(Path(hf_dir) / "config.json", self.agent.name, self.rank)
+        # vLLM advertises this node's routable address, never a loopback one another node could not reach
+        if "VLLM_HOST_IP" not in os.environ and (address := self._node_address()):
+            os.environ["VLLM_HOST_IP"] = address
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
         if self.engine_gpus:  # CUDA: the engine's (spawned) processes see exactly its GPUs
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.engine_gpus)

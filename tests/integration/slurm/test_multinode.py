@@ -1,0 +1,220 @@
+"""`sbatch -N 2/-N 3 slurm/hacpo_70b_8b.sh` on a local Slurm cluster of three network-namespace nodes
+(`scripts/slurm_local.sh start <dir> 3`): node k is its own network namespace with address 10.77.0.k and host
+name nodek, so a component that advertises loopback to another node fails here as on a real cluster.
+
+With one Ray CPU per node and one CPU per agent rank, Ray's placement puts one rank on each node. Checked:
+- 2 nodes, pair_tiny: the two agents on different nodes; Ray head and worker, the agents' rendezvous and vLLM
+  on the nodes' own addresses; per-node Ray logs; metrics; nothing left on any node;
+- 3 nodes, pair_tiny with llama_tiny at dp = 2: its ranks on two nodes (its rendezvous and gradient all-reduce
+  cross the bridge), gpt_tiny on the third; both ranks end with the same weights (equal loss on every rank);
+- 3 nodes, trio_tiny: one agent per node;
+- node failure: every process of the job on node 2 is SIGKILLed inside step 2; the job ends within a bounded
+  time, FAILED, naming the agent and rank that lived there and the last complete checkpoint (step 1); nothing is
+  left on any node; resubmitting the same line resumes from step 1 and finishes, its step 2 equal to the
+  uninterrupted run's (the tolerance of tests/integration/runtime/test_resume_and_failures.py);
+- `scancel` while the agents start: every node's processes are gone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.slurm.cluster import (
+    TINY_OVERRIDES,
+    final_job_fields,
+    job_processes,
+    local_cluster,
+    metrics_by_step,
+    placements,
+    sbatch,
+    tail,
+    wait_until_gone,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ADDRESS = {"node1": "10.77.0.1", "node2": "10.77.0.2", "node3": "10.77.0.3"}
+COMPARED = ("reward_mean", "response_length_mean", "train/loss", "train/policy_loss", "train/grad_norm",
+            "train/self_ratio_mean", "capability")
+"""As tests/integration/runtime/test_resume_and_failures.py compares a resumed run with an uninterrupted one."""
+_uninterrupted: dict[str, dict[int, dict]] = {}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    """One 3-node cluster for the module (one bridge and one set of namespaces at a time); `sbatch -N 2` jobs
+    get two of its nodes."""
+    with local_cluster(3) as env:
+        yield env
+
+
+def _completed(run, env) -> None:
+    assert run.job_id.isdigit(), run.report()
+    job = final_job_fields(run.job_id, env)
+    assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", f"{job}\n{run.report()}"
+
+
+def _job_nodes(run) -> list[str]:
+    """The job's nodes, from its first line: `[hacpo] job N: K node(s), head nodeX (...)` and the Ray logs."""
+    logs = sorted(p.name.removeprefix("ray-").removesuffix(".log") for p in (run.run_dir / "logs").glob("ray-*.log"))
+    return logs
+
+
+def _check_addresses(run_dir: Path, nodes: list[str]) -> dict[tuple[str, int], str]:
+    """Every rank's host, address and rendezvous are its node's; every node's Ray log names its own address."""
+    placed = placements(run_dir)
+    for (agent, rank), (host, address, rendezvous) in placed.items():
+        assert host in nodes and address == ADDRESS[host], (agent, rank, host, address)
+        assert not rendezvous.startswith("127.") and rendezvous.split(":")[0] in ADDRESS.values(), rendezvous
+    for node in nodes:
+        log = (run_dir / "logs" / f"ray-{node}.log").read_text(errors="replace")
+        assert f"Local node IP: {ADDRESS[node]}" in log or f"node IP: {ADDRESS[node]}" in log, tail(
+            run_dir / "logs" / f"ray-{node}.log")
+    return {key: host for key, (host, _, _) in placed.items()}
+
+
+def _engine_address(run_dir: Path, agent: str) -> str:
+    """VLLM_HOST_IP as the agent's engine rank saw it (its log file records vLLM's connect address)."""
+    text = (run_dir / "logs" / f"{agent}_rank0.log").read_text(errors="replace")
+    for line in text.splitlines():
+        if "mq_connect_ip=" in line:
+            return line.split("mq_connect_ip=", 1)[1].split()[0].rstrip(",")
+    return ""
+
+
+def test_cluster_one_agent_each(cluster, tmp_path):
+    out = tmp_path / "run"
+    run = sbatch(cluster, out, nodes=2, ray_cpus=1, overrides=TINY_OVERRIDES, wait=True, tag="two")
+    _completed(run, cluster)
+    nodes = _job_nodes(run)
+    assert len(nodes) == 2, nodes
+    hosts = _check_addresses(out, nodes)
+    assert set(hosts) == {("llama_tiny", 0), ("gpt_tiny", 0)}
+    assert sorted(hosts.values()) == nodes, hosts  # the agents on different nodes
+    for (agent, _), host in hosts.items():
+        assert _engine_address(out, agent) == ADDRESS[host]  # vLLM advertises the node's address too
+    text = run.output.read_text()
+    assert f"2 node(s), head {nodes[0]} ({ADDRESS[nodes[0]]})" in text, run.report()
+    assert "ray stopped on 2 node(s)" in text, run.report()
+    steps = metrics_by_step(out)
+    assert max(steps) == 2 and steps[2]["llama_tiny/broker/cross_rows"] == 4, steps.get(2)
+    _uninterrupted["two"] = steps
+    assert wait_until_gone(run.job_id, cluster["SLURM_CONF"]) == []
+
+
+def _kill_node(job_id: str, slurm_conf: str, node: str) -> list[str]:
+    """SIGKILL every process of the job on `node` (Ray's step there: `ray start`, raylet, workers, engines)."""
+    killed = []
+    for entry in job_processes(job_id, slurm_conf):
+        pid, where = entry.split(" ", 1)[0], entry.split("[", 1)[1].split("]", 1)[0]
+        if where == node:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+                killed.append(entry)
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def test_node_failure_stops_the_job_and_a_resubmission_resumes(cluster, tmp_path):
+    if "two" not in _uninterrupted:
+        pytest.skip("needs the uninterrupted 2-node run of test_cluster_one_agent_each")
+    out = tmp_path / "run"
+    conf = cluster["SLURM_CONF"]
+    run = sbatch(cluster, out, nodes=2, ray_cpus=1, overrides=TINY_OVERRIDES, wait=False, tag="fail")
+    assert run.submit.returncode == 0 and run.job_id.isdigit(), run.report()
+    deadline = time.monotonic() + 900
+    while not (out / "checkpoints" / "step_000001" / "manifest.json").is_file():  # step 1 saved: step 2 runs
+        assert time.monotonic() < deadline, f"no step-1 checkpoint within 900 s\n{run.report()}"
+        assert final_job_fields(run.job_id, cluster, wait_s=0)["JobState"] in ("PENDING", "RUNNING"), run.report()
+        time.sleep(0.5)
+    head = run.output.read_text().split(" node(s), head ", 1)[1].split()[0]
+    hosts = {host: key for key, (host, _, _) in placements(out).items()}
+    victim = next(host for host in hosts if host != head)  # the node of the agent that is not on the head
+    victim_agent, victim_rank = hosts[victim]
+    killed_at = time.monotonic()
+    killed = _kill_node(run.job_id, conf, victim)
+    assert any("raylet" in k for k in killed) and any("AgentRank" in k or "ray::" in k for k in killed), killed
+
+    while final_job_fields(run.job_id, cluster, wait_s=0)["JobState"] in ("PENDING", "RUNNING", "COMPLETING"):
+        assert time.monotonic() - killed_at < 300, f"the job still runs 300 s after {victim} died\n{run.report()}"
+        time.sleep(1)
+    stopped_s = time.monotonic() - killed_at
+    job = final_job_fields(run.job_id, cluster)
+    assert job["JobState"] == "FAILED" and job["ExitCode"] != "0:0", f"{job}\n{run.report()}"
+    driver = (out / "logs" / "driver.log").read_text(errors="replace")
+    assert f"agent {victim_agent!r} rank {victim_rank}" in driver, driver[-3000:]
+    assert "last complete checkpoint: " in driver and "step_000001" in driver.split("last complete checkpoint: ")[-1]
+    assert wait_until_gone(run.job_id, conf) == []  # every node, not only the one that died
+    print(f"\n{victim} killed ({victim_agent} rank {victim_rank}): the job ended {stopped_s:.0f} s later")
+
+    again = sbatch(cluster, out, nodes=2, ray_cpus=1, overrides=TINY_OVERRIDES, wait=True, tag="again")
+    _completed(again, cluster)
+    log = (out / "logs" / "driver.log").read_text(errors="replace")
+    assert "resuming from " in log and "(step 1)" in log.split("resuming from ")[-1].splitlines()[0], log[-3000:]
+    resumed, expected = metrics_by_step(out), _uninterrupted["two"]
+    assert max(resumed) == 2
+    for agent in ("llama_tiny", "gpt_tiny"):
+        for key in COMPARED:
+            name = f"{agent}/{key}"
+            if name in expected[2]:
+                assert resumed[2][name] == pytest.approx(expected[2][name], rel=1e-5, abs=1e-6), name
+    assert wait_until_gone(again.job_id, conf) == []
+
+
+def test_scancel_tears_down_every_node(cluster, tmp_path):
+    out = tmp_path / "run"
+    conf = cluster["SLURM_CONF"]
+    run = sbatch(cluster, out, nodes=2, ray_cpus=1, overrides=TINY_OVERRIDES, wait=False, tag="cancel")
+    assert run.submit.returncode == 0 and run.job_id.isdigit(), run.report()
+    deadline = time.monotonic() + 600
+    while not {"node1", "node2"} <= {e.split("[", 1)[1].split("]", 1)[0] for e in job_processes(run.job_id, conf)
+                                     if "AgentRank" in e}:  # an agent actor on each node
+        assert time.monotonic() < deadline, f"no AgentRank actor on both nodes within 600 s\n{run.report()}"
+        assert final_job_fields(run.job_id, cluster, wait_s=0)["JobState"] in ("PENDING", "RUNNING"), run.report()
+        time.sleep(1)
+    subprocess.run(["scancel", run.job_id], env=cluster, check=True)
+    job = final_job_fields(run.job_id, cluster)
+    assert job["JobState"] == "CANCELLED", job
+    assert wait_until_gone(run.job_id, conf) == []
+    text = run.output.read_text()
+    assert "[hacpo] cancelled (SIGTERM)" in text and "ray stopped on 2 node(s)" in text, tail(run.output)
+
+
+def test_three_nodes_an_agent_with_dp_2_spans_two_of_them(cluster, tmp_path):
+    out = tmp_path / "run"
+    overrides = [*TINY_OVERRIDES, "agents.0.parallel.dp=2"]
+    run = sbatch(cluster, out, nodes=3, ray_cpus=1, overrides=overrides, wait=True, tag="dp")
+    _completed(run, cluster)
+    hosts = _check_addresses(out, ["node1", "node2", "node3"])
+    assert set(hosts) == {("llama_tiny", 0), ("llama_tiny", 1), ("gpt_tiny", 0)}
+    assert hosts[("llama_tiny", 0)] != hosts[("llama_tiny", 1)], hosts  # one agent's ranks on two nodes
+    assert len(set(hosts.values())) == 3, hosts
+    rendezvous = {placements(out)[("llama_tiny", r)][2] for r in (0, 1)}
+    assert rendezvous == {f"{ADDRESS[hosts[('llama_tiny', 0)]]}:{next(iter(rendezvous)).split(':')[1]}"}
+    steps = metrics_by_step(out)
+    assert max(steps) == 2 and steps[2]["llama_tiny/train/grad_norm"] > 0  # the all-reduce crossed the bridge
+    assert (out / "logs" / "llama_tiny_rank1.log").is_file()
+    assert wait_until_gone(run.job_id, cluster["SLURM_CONF"]) == []
+
+
+def test_three_nodes_trio_one_agent_per_node(cluster, tmp_path):
+    out = tmp_path / "run"
+    overrides = [*(o for o in TINY_OVERRIDES if not o.startswith("runtime.steps=")), "runtime.steps=1",
+                 "agents.2.max_response_length=16", "agents.2.parallel.micro_batch_size=2"]
+    run = sbatch(cluster, out, nodes=3, ray_cpus=1, overrides=overrides, config="trio_tiny", wait=True, tag="trio")
+    _completed(run, cluster)
+    hosts = _check_addresses(out, ["node1", "node2", "node3"])
+    assert sorted(hosts.values()) == ["node1", "node2", "node3"], hosts
+    assert {agent for agent, _ in hosts} == {"llama_tiny", "gpt_tiny", "qwen_tiny"}
+    steps = metrics_by_step(out)
+    assert max(steps) == 1 and all(steps[1][f"{a}/broker/cross_rows"] == 8 for a in ("llama_tiny", "gpt_tiny"))
+    assert "ray stopped on 3 node(s)" in run.output.read_text()
+    assert wait_until_gone(run.job_id, cluster["SLURM_CONF"]) == []
