@@ -189,12 +189,21 @@ start_slurmds() {
         return
     fi
     local k
+    # The nodes' name service, as a cluster's DNS would be: every node name resolves to its address (gloo, NCCL
+    # and Slurm resolve host names), and no name server is configured (lookups fail at once, instead of
+    # timing out against one the namespaces cannot reach).
+    { echo "127.0.0.1 localhost"; for k in $(seq 1 "$nodes_wanted"); do echo "$SUBNET.$k node$k"; done
+      echo "$SUBNET.254 $ctld_host"; } >"$state/hosts"
+    echo "# scripts/slurm_local.sh: no name server on the namespace nodes" >"$state/resolv.conf"
     for k in $(seq 1 "$nodes_wanted"); do
         mkdir -p "$state/slurmd-node$k"
-        # its own network (address 10.77.0.k) and host name; slurmd's jobs inherit both. nsenter, not `ip netns
-        # exec`: that one also remounts /sys for the namespace, without /sys/fs/cgroup, and slurmd then refuses
-        # to start ("Unable to initialize cgroup plugin").
-        nsenter --net="/run/netns/$NS_PREFIX$k" unshare --uts sh -c "hostname node$k && exec slurmd -N node$k -f '$conf'"
+        # Its own network (address 10.77.0.k), host name and /etc/hosts + /etc/resolv.conf (a private mount
+        # namespace); slurmd's jobs inherit all of it. nsenter, not `ip netns exec`: that one also remounts /sys
+        # for the namespace, without /sys/fs/cgroup, and slurmd then refuses to start ("Unable to initialize
+        # cgroup plugin").
+        nsenter --net="/run/netns/$NS_PREFIX$k" unshare --uts --mount --propagation private sh -c \
+            "mount --bind '$state/hosts' /etc/hosts && mount --bind '$state/resolv.conf' /etc/resolv.conf \
+             && hostname node$k && exec slurmd -N node$k -f '$conf'"
     done
 }
 

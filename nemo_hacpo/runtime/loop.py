@@ -142,9 +142,9 @@ class HacpoRun:
         for group in self.groups.values():
             info = group.wait_ready()
             logger.info("agent %s ready: %s", group.agent.name, info[0])
-            for rank in info:  # where each rank runs: the per-node picture of a multi-node job
-                logger.info("placement: agent %s rank %d on %s (%s), rendezvous %s%s", rank.agent, rank.rank,
-                            rank.host, rank.address, rank.rendezvous, ", engine" if rank.engine is not None else "")
+            for rank in info:  # where each rank runs: the per-node picture of a multi-node job (on the console)
+                print(f"placement: agent {rank.agent} rank {rank.rank} on {rank.host} ({rank.address}), rendezvous "
+                      f"{rank.rendezvous}{f', engine on {rank.engine_address}' if rank.engine is not None else ''}", flush=True)
         self.broker = self._make_broker(cfg.algo)
 
     def _checked_prompts(self, problems: list[MathProblem], what: str) -> list[MathProblem]:

@@ -73,6 +73,8 @@ class RankInfo:
     """The node's address as other nodes reach it (Ray's node IP; what the rendezvous and vLLM advertise)."""
     rendezvous: str = ""
     """The agent's torch.distributed rendezvous (rank 0's TCP store), host:port."""
+    engine_address: str = ""
+    """The address this rank's vLLM engine advertises (VLLM_HOST_IP), when it owns one."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,35 @@ def _assigned_gpu() -> int | None:
     except Exception:  # noqa: BLE001 - not inside a Ray worker
         return None
     return int(ids[0]) if ids else None
+
+
+def interface_of(address: str) -> str | None:
+    """The name of this host's network interface that carries `address` (None if none does)."""
+    import psutil
+
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addresses):
+            return name
+    return None
+
+
+def pin_gloo_interface() -> str | None:
+    """Point gloo at the interface of this node's routable address (GLOO_SOCKET_IFNAME, unless already set).
+
+    Without it gloo picks its address by resolving the host name, and falls back to loopback when the name does
+    not resolve, or resolves to 127.0.1.1 (/etc/hosts): the ranks of an agent on other nodes then cannot reach
+    this one. Returns the interface used (None: left to gloo).
+    """
+    if "GLOO_SOCKET_IFNAME" in os.environ:
+        return os.environ["GLOO_SOCKET_IFNAME"]
+    try:
+        address = node_ip_address()
+    except Exception:  # noqa: BLE001 - outside Ray
+        return None
+    name = interface_of(address) if address and not address.startswith("127.") else None
+    if name:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+    return name
 
 
 def node_ip_address() -> str:
@@ -192,6 +223,7 @@ class AgentRank:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         world = self.agent.parallel.world_size
         gpu = _assigned_gpu()
+        pin_gloo_interface()
         init_distributed(self.rank, world, master_addr, master_port, timeout_s=self.collective_timeout_s,
                          local_rank=gpu, store=self._store if self.rank == 0 else None)
         self.engine_gpus = self._engine_gpus(gpu)
@@ -219,7 +251,8 @@ class AgentRank:
         return RankInfo(agent=self.agent.name, rank=self.rank,
                         parameters=sum(p.numel() for p in self.trainer.model.parameters()), family=self.arch.family,
                         engine=engine, host=socket.gethostname(), address=self._node_address(),
-                        rendezvous=f"{master_addr}:{master_port}")
+                        rendezvous=f"{master_addr}:{master_port}",
+                        engine_address=os.environ.get("VLLM_HOST_IP", "") if engine is not None else "")
 
     @staticmethod
     def _node_address() -> str:

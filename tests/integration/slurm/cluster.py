@@ -188,13 +188,15 @@ def metrics_by_step(run_dir: Path) -> dict[int, dict]:
     return steps
 
 
-def placements(run_dir: Path) -> dict[tuple[str, int], tuple[str, str, str]]:
-    """(agent, rank) → (host, address, rendezvous), from the driver's `placement:` lines."""
+def placements(run_dir: Path) -> dict[tuple[str, int], tuple[str, str, str, str]]:
+    """(agent, rank) → (host, address, rendezvous, engine address or ""), from the driver's `placement:` lines
+    (of its last run, when the log holds several)."""
     found = {}
     for line in (run_dir / "logs" / "driver.log").read_text(errors="replace").splitlines():
         if "placement: agent " not in line:
             continue
         words = line.split("placement: agent ", 1)[1].replace(",", "").split()
-        # <agent> rank <r> on <host> (<address>) rendezvous <host:port> [engine]
-        found[(words[0], int(words[2]))] = (words[4], words[5].strip("()"), words[7])
+        # <agent> rank <r> on <host> (<address>) rendezvous <host:port> [engine on <address>]
+        found[(words[0], int(words[2]))] = (words[4], words[5].strip("()"), words[7],
+                                            words[10] if len(words) > 10 else "")
     return found
