@@ -131,7 +131,7 @@ class HacpoRun:
             self.train_set.load_state_dict(state["data"])
             self.totals, self.eval_history = state["totals"], state["eval_history"]
             resume_from = {a: str(resume.agent_dir(a)) for a in self.agents}
-            logger.info("resuming from %s (step %d)", resume.path, self.step)
+            print(f"resuming from {resume.path} (step {self.step})", flush=True)  # on the console: a resubmitted job
         total_updates = cfg.runtime.steps * cfg.algo.updates_per_step
         for i, agent in enumerate(cfg.agents):
             self.groups[agent.name] = AgentGroup(
