@@ -6,7 +6,7 @@ With one Ray CPU per node and one CPU per agent rank, Ray's placement puts one r
 - 2 nodes, pair_tiny: the two agents on different nodes; Ray head and worker, the agents' rendezvous and vLLM
   on the nodes' own addresses; per-node Ray logs; metrics; nothing left on any node;
 - 3 nodes, pair_tiny with llama_tiny at dp = 2: its ranks on two nodes (its rendezvous and gradient all-reduce
-  cross the bridge), gpt_tiny on the third; both ranks end with the same weights (equal loss on every rank);
+  cross the bridge), gpt_tiny on the third;
 - 3 nodes, trio_tiny: one agent per node;
 - node failure: every process of the job on node 2 is SIGKILLed inside step 2; the job ends within a bounded
   time, FAILED, naming the agent and rank that lived there and the last complete checkpoint (step 1); nothing is
@@ -17,6 +17,7 @@ With one Ray CPU per node and one CPU per agent rank, Ray's placement puts one r
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -192,7 +193,11 @@ def test_three_nodes_an_agent_with_dp_2_spans_two_of_them(cluster, tmp_path):
     rendezvous = {placements(out)[("llama_tiny", r)][2] for r in (0, 1)}
     assert rendezvous == {f"{ADDRESS[hosts[('llama_tiny', 0)]]}:{next(iter(rendezvous)).split(':')[1]}"}
     steps = metrics_by_step(out)
-    assert max(steps) == 2 and steps[2]["llama_tiny/train/grad_norm"] > 0  # the all-reduce crossed the bridge
+    # both steps trained with the agent's ranks on two nodes: every update's gradient all-reduce and metric
+    # reduction crossed the bridge (without a warm start the rewards, hence the gradients, are zero: what is
+    # checked is that the collectives ran, not what they carried)
+    assert max(steps) == 2 and steps[2]["llama_tiny/sequences_trained_total"] == 16, steps.get(2)
+    assert math.isfinite(steps[2]["llama_tiny/train/loss"]) and math.isfinite(steps[2]["llama_tiny/train/grad_norm"])
     assert (out / "logs" / "llama_tiny_rank1.log").is_file()
     assert wait_until_gone(run.job_id, cluster["SLURM_CONF"]) == []
 
