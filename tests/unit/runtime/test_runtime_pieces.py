@@ -308,6 +308,7 @@ def test_refit_hands_cached_memory_back_before_each_engine_wake(tmp_path, monkey
     """Colocated CUDA order: the allocator's cache is emptied before the engine re-allocates its weights, and
     again (the refit's gather buffers) before its KV cache. Recorded on CPU with the allocator call replaced."""
     import nemo_hacpo.models.hf_conversion as hf_conversion
+    from nemo_hacpo.rollout.refit import RpcRefit
     from nemo_hacpo.runtime import worker
     from nemo_hacpo.runtime.worker import AgentRank
 
@@ -321,7 +322,7 @@ def test_refit_hands_cached_memory_back_before_each_engine_wake(tmp_path, monkey
         def wake_up(self, tags):
             events.append(f"wake {tags[0]}")
 
-        def refit(self, pairs):
+        def refit(self, pairs, *, chunk_bytes):
             events.extend(f"load {name}" for name, _ in pairs)
             return "stats"
 
@@ -332,6 +333,7 @@ def test_refit_hands_cached_memory_back_before_each_engine_wake(tmp_path, monkey
     rank = AgentRank(cfg.agents[0], 0, seed=0, run_dir=str(tmp_path), total_updates=1, keep_reference=False)
     rank.trainer = SimpleNamespace(module=None, model_parallel=None)
     rank.arch, rank.engine = None, Engine()
+    rank.refit_strategy = RpcRefit(0, [0], 1 << 20)  # what setup() picks for rollout.refit_transport: rpc
     assert rank.refit() == "stats"
     assert events == ["empty_cache", "wake weights", "export", "load model.norm.weight", "empty_cache",
                       "wake kv_cache"]
