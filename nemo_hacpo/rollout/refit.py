@@ -32,6 +32,7 @@ section is `docs/algorithm.md` §"Weights into the engine" (the order of an engi
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import tempfile
@@ -143,8 +144,8 @@ class RefitPlan:
                     else "")]
         for g in self.groups:
             readers = ", ".join(f"worker {w} ← rank {g[s]}" for w, s in enumerate(self.sources))
-            lines.append(f"  engine on rank {g[0]}: group {list(g)}" + (f"; {readers}" if self.transport == "ipc"
-                                                                           else "; rank " f"{g[0]} sends to all"))
+            sends = readers if self.transport == "ipc" else f"rank {g[0]} sends to all"
+            lines.append(f"  engine on rank {g[0]}: group {list(g)}; {sends}")
         return "\n".join(lines)
 
 
@@ -152,18 +153,12 @@ def refit_plan(shapes: dict[str, tuple[int, ...]], element_bytes: int, *, bound:
                device: str, transport: Transport) -> RefitPlan:
     """The buckets and sender groups of one refit of a model whose HF tensors have `shapes` (in export order)."""
     names = list(shapes)
-    sizes = [element_bytes * _numel(shapes[n]) for n in names]
+    sizes = [element_bytes * math.prod(shapes[n]) for n in names]
     buckets = tuple(PlannedBucket(tuple(names[i] for i in idx), sum(sizes[i] for i in idx))
                     for idx in cut_buckets([aligned(x) for x in sizes], bound))
     groups = tuple(tuple(g) for g in engine_groups(world, engine_tp, device))
     return RefitPlan(transport, bound, buckets, groups, tuple(worker_sources(len(groups[0]), engine_tp)))
 
-
-def _numel(shape: Sequence[int]) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 # ------------------------------------------------------------------------------------------- staging

@@ -34,6 +34,7 @@ estimates for planning, not guarantees: CUDA context, NCCL buffers and fragmenta
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from nemo_hacpo.config import AgentConfig, HacpoConfig
@@ -140,7 +141,7 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
     generate_total = (resident if roll.colocated else 0.0) + (vllm_budget if on_gpu else 0.0)
 
     shapes = hf_tensor_shapes(arch)
-    largest = max(_numel(shape) for shape in shapes.values()) * dtype_bytes / GIB
+    largest = max(math.prod(shape) for shape in shapes.values()) * dtype_bytes / GIB
     refit_buffers = largest  # the export's gathered tensor
     if roll.refit_transport == "ipc":
         staged = refit_plan(shapes, dtype_bytes, bound=roll.refit_bucket_mb * MIB, world=par.world_size,
@@ -177,12 +178,6 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
                      logits, reference, train_total, vllm_budget, vllm_weights, kv_sequences, generate_total,
                      refit_buffers, refit_total, gather, checkpoint_total, gpu_memory, tuple(problems))
 
-
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def format_plan(plans: list[AgentPlan], cfg: HacpoConfig) -> str:

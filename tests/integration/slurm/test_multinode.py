@@ -63,9 +63,8 @@ def _completed(run, env) -> None:
 
 
 def _job_nodes(run) -> list[str]:
-    """The job's nodes, from its first line: `[hacpo] job N: K node(s), head nodeX (...)` and the Ray logs."""
-    logs = sorted(p.name.removeprefix("ray-").removesuffix(".log") for p in (run.run_dir / "logs").glob("ray-*.log"))
-    return logs
+    """The job's nodes: one Ray log per node, `<output>/logs/ray-<node>.log`."""
+    return sorted(p.name.removeprefix("ray-").removesuffix(".log") for p in (run.run_dir / "logs").glob("ray-*.log"))
 
 
 def _check_addresses(run_dir: Path, nodes: list[str]) -> dict[tuple[str, int], str]:
