@@ -158,7 +158,7 @@ def start_shared_agents(run, gpu_fraction: float) -> None:
     tokenizers = {a.name: LearnerTokenizer(load_tokenizer(a.tokenizer.source), a.max_response_length,
                                            a.tokenizer.chat_template) for a in cfg.agents}
     run.broker = Broker(run.agents, tokenizers, algorithm=cfg.algo.algorithm, tracker=run.tracker,
-                        adv_eps=cfg.algo.adv_eps)
+                        adv_eps=cfg.algo.adv_eps, ratio_length=cfg.algo.ratio_length)
 
 
 def timed_steps(run, steps: int) -> list[dict[str, float]]:

@@ -73,6 +73,7 @@ def hacpo_loss(
     max_abs_log_ratio: float = 10.0,
     num_sequences: float | None = None,
     cross_clip: bool = True,
+    rows_out: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """HACPO policy loss of one learner over `N` sequences (self and cross rows pooled).
 
@@ -106,6 +107,10 @@ def hacpo_loss(
             micro-batches and DP ranks); None → D = N (then N must be > 0).
         cross_clip: False is the "no cross clip" ablation: `s_c = s` (no [lo_u, 1] clip, so cross rows
             always pass gradient `−s^(1+α)·ω·A / D`); the log-ratio clamp still applies.
+        rows_out: when given, receives per-row `[N]` detached tensors: `ratio` (s, log-clamped, before any
+            clip), `in_window` (bool: neither a clip nor the log clamp stops the row's gradient — for cross rows
+            lo_u ≤ s ≤ 1, for self rows the PPO min does not take the clipped term) and `gradient` (bool:
+            `in_window` and A ≠ 0, and ω ≠ 0 on cross rows: the row's gradient is not zero).
 
     Returns:
         `(loss, metrics)`; metrics (0-d detached tensors, NaN over an empty set):
@@ -189,6 +194,13 @@ def hacpo_loss(
             "adv_abs_mean": _masked_stats(advantages.abs(), all_rows)[0],
             "cross_clip_lower": torch.tensor(lower, dtype=dtype, device=device),
         }
+        if rows_out is not None:
+            cross_live = ~(cross_low | cross_high)
+            self_live = ~(self_clipped * advantages < ratio * advantages)
+            in_window = torch.where(is_cross, cross_live, self_live) & ~log_clamped
+            rows_out["ratio"] = ratio.detach()
+            rows_out["in_window"] = in_window
+            rows_out["gradient"] = in_window & (advantages != 0) & (omega != 0)
     return loss, metrics
 
 

@@ -15,6 +15,9 @@ Row-aligned fields, N rows:
                                    source's m_j,old (on the source's tokens) on other agents' rows (algorithm.md §4)
     is_own            [N] bool     the learner sampled the row itself (the KL term's rows)
     source            [N] int64    index of the agent that sampled the row
+    ratio_length_scale [N] float32 L_learner / L_source under the single-exponent ratio convention (cross rows),
+                                   1 otherwise: the loss scales the learner's mean log-prob by it, so that
+                                   its sum is divided by the source's token count (algorithm.md §4); default 1
     old_token_logprobs [N, T] | None   per-token log-probs at the sampling weights, shifted layout (`[:, t]` scores
                                    token t + 1, T ≥ longest row − 1); carried when the loss needs them (token level)
     ref_token_logprobs [N, T] | None   the reference model's, same layout (filled by the trainer when β > 0)
@@ -51,7 +54,8 @@ def validate_rows(token_ids: Sequence[Sequence[int]], response_mask: Sequence[Se
 
 
 _VECTORS = {"advantages": torch.float32, "cross_objective": torch.bool, "omega": torch.float32,
-            "old_mean_logprob": torch.float32, "is_own": torch.bool, "source": torch.int64}
+            "old_mean_logprob": torch.float32, "is_own": torch.bool, "source": torch.int64,
+            "ratio_length_scale": torch.float32}
 
 
 @dataclass
@@ -68,8 +72,11 @@ class TrainingRows:
     source: torch.Tensor
     old_token_logprobs: torch.Tensor | None = None
     ref_token_logprobs: torch.Tensor | None = None
+    ratio_length_scale: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
+        if self.ratio_length_scale is None:
+            self.ratio_length_scale = torch.ones(len(self.token_ids))
         self._check_tensors()
         validate_rows(self.token_ids, self.response_mask)
 

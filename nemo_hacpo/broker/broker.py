@@ -29,6 +29,9 @@ from nemo_hacpo.broker.trajectory import Trajectory
 COUNTS = ("self_rows", "cross_rows", "reencode_truncated", "reencode_separate", "reencode_failed", "trained_rows")
 """Per-learner row counts of a step (logged as `<learner>/broker/<count>`)."""
 
+RATIO_LENGTHS = ("per_tokenizer", "single_exponent")
+"""Length conventions of the cross ratio (`AlgoConfig.ratio_length`, algorithm.md §4)."""
+
 
 @dataclass(frozen=True)
 class AgentRollout:
@@ -161,10 +164,16 @@ class Broker:
         tracker: the capability tracker (checkpointed by the runtime); a fresh one by default.
         adv_eps: ε added to the standard deviation of the advantage.
         pool: worker processes for re-encoding (in-process by default).
+        ratio_length: the cross ratio's length convention (`AlgoConfig.ratio_length`): under `single_exponent`
+            each cross row's `ratio_length_scale` is L_learner / L_source.
     """
 
     def __init__(self, agents: Sequence[str], tokenizers: Mapping[str, LearnerTokenizer], *, algorithm: Algorithm,
-                 tracker: CapabilityTracker | None = None, adv_eps: float = 1e-6, pool: ReencodePool | None = None):
+                 tracker: CapabilityTracker | None = None, adv_eps: float = 1e-6, pool: ReencodePool | None = None,
+                 ratio_length: str = "per_tokenizer"):
+        if ratio_length not in RATIO_LENGTHS:
+            raise ValueError(f"ratio_length must be one of {RATIO_LENGTHS}, got {ratio_length!r}")
+        self.ratio_length = ratio_length
         self.agents = tuple(agents)
         if len(set(self.agents)) != len(self.agents):
             raise ValueError(f"agent names must be unique, got {self.agents}")
@@ -218,6 +227,7 @@ class Broker:
         row_omega = omega_vec if spec.omega_on_rows else torch.ones_like(omega_vec)
 
         token_ids, masks, meta = [], [], []  # meta: (source j, prompt b, sample i)
+        length_scale: list[float] = []  # ratio_length_scale of each row
         own_token_logprobs = []
         for b, p in enumerate(prompt_ids):
             for i in range(group_size):
@@ -225,6 +235,7 @@ class Broker:
                 token_ids.append(list(own.token_ids))
                 masks.append(list(own.response_mask))
                 meta.append((k, b, i))
+                length_scale.append(1.0)
                 own_token_logprobs.append(own.old_token_logprobs)
         counts = dict.fromkeys(COUNTS, 0)
         counts["self_rows"] = len(token_ids)
@@ -246,6 +257,7 @@ class Broker:
                     token_ids.append(result.token_ids)
                     masks.append(result.response_mask)
                     meta.append((j, b, i))
+                    length_scale.append(self._length_scale(sum(result.response_mask), t.source_num_tokens))
                     counts["cross_rows"] += 1
                     counts["reencode_truncated"] += int(result.truncated)
                     counts["reencode_separate"] += int(result.method == "separate")
@@ -266,8 +278,16 @@ class Broker:
             is_own=source == k,
             source=source,
             old_token_logprobs=old_tokens,
+            ratio_length_scale=torch.tensor(length_scale, dtype=torch.float32),
         )
         return rows, counts, failures
+
+    def _length_scale(self, learner_tokens: int, source_tokens: int) -> float:
+        """L_learner / L_source under the single-exponent convention (1 under per-tokenizer, or when either
+        side has no response token: its mean log-prob is 0 either way)."""
+        if self.ratio_length == "per_tokenizer" or learner_tokens == 0 or source_tokens == 0:
+            return 1.0
+        return learner_tokens / source_tokens
 
 
 def _stack_token_logprobs(per_row: list[torch.Tensor | None], learner: str) -> torch.Tensor:

@@ -264,6 +264,11 @@ class AlgoConfig:
     """ε added to the std in the advantage."""
     max_abs_log_ratio: float = 10.0
     """Clamp of |log s| before exponentiating."""
+    ratio_length: Literal["per_tokenizer", "single_exponent"] = "per_tokenizer"
+    """Length convention of a cross sample's ratio s (docs/algorithm.md §4): `per_tokenizer` divides each side's
+    summed log-prob by its own token count (the paper's code, and v2), log s = m_k − m_j; `single_exponent` uses
+    one exponent 1/|y_source| over the two whole-sequence probabilities (the paper's v1 Eq. 11),
+    log s = Σ log π_k / L_j − m_j. They agree when the two tokenizations have the same length."""
     ablation: AblationConfig = field(default_factory=AblationConfig)
     """Ablation switches."""
 

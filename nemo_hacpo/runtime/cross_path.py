@@ -8,6 +8,108 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import torch
+
+from nemo_hacpo.training.loss_metrics import RowOutcome
+
+DIRECTION_STATS = ("rows", "s_p10", "s_p50", "s_p90", "in_window_frac", "grad_frac")
+"""Per direction `<learner>/from/<source>/<stat>`: the cross rows of that source, the 10/50/90 % quantiles of their
+ratio s (linear interpolation, as numpy's default), the share inside the clip window ([lo_u, 1], not log-clamped)
+and the share with a non-zero gradient (inside the window and A ≠ 0)."""
+
+
+def direction_metrics(learner: str, agents: Sequence[str], source: torch.Tensor, is_cross: torch.Tensor,
+                      outcome: RowOutcome) -> dict[str, float]:
+    """`{<learner>/from/<source>/<stat>: value}` for every other agent that sent this learner cross rows.
+
+    `source [N]`, `is_cross [N]`: the learner's `TrainingRows.source` / `.cross_objective`; `outcome`: what the
+    trainer's loss saw on each row (`TrainMetrics.rows`), in the same order. Each row is trained once, at its
+    update u, so s is the ratio that decided its gradient (algorithm.md §5).
+    """
+    ratio = torch.tensor(outcome.ratio, dtype=torch.float64)
+    in_window = torch.tensor(outcome.in_window, dtype=torch.bool)
+    gradient = torch.tensor(outcome.gradient, dtype=torch.bool)
+    if not (len(ratio) == len(source) == len(is_cross)):
+        raise ValueError(f"{len(ratio)} row outcomes for {len(source)} rows")
+    out: dict[str, float] = {}
+    for j, name in enumerate(agents):
+        if name == learner:
+            continue
+        rows = (source == j) & is_cross
+        count = int(rows.sum())
+        if count == 0:
+            continue
+        s = ratio[rows]
+        p10, p50, p90 = torch.quantile(s, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+        values = {"rows": float(count), "s_p10": p10, "s_p50": p50, "s_p90": p90,
+                  "in_window_frac": float(in_window[rows].double().mean()),
+                  "grad_frac": float(gradient[rows].double().mean())}
+        out.update({f"{learner}/from/{name}/{key}": value for key, value in values.items()})
+    return out
+
+
+def direction_table(records: Sequence[Mapping[str, float]], agents: Sequence[str]) -> list[dict[str, object]]:
+    """One summary row per direction source → learner from the run's step records: s quantiles at the first and
+    the last trained step, and the share of cross rows with non-zero gradient (first, mean over steps, last)."""
+    table = []
+    for learner in agents:
+        for source in agents:
+            prefix = f"{learner}/from/{source}/"
+            steps = [r for r in records if f"{prefix}grad_frac" in r]
+            if not steps:
+                continue
+            first, last = steps[0], steps[-1]
+
+            def quantiles(record, p=prefix):
+                return " / ".join(f"{record[p + k]:.3g}" for k in ("s_p10", "s_p50", "s_p90"))
+
+            grads = [r[f"{prefix}grad_frac"] for r in steps]
+            table.append({"direction": f"{source} → {learner}", "cross_rows": int(sum(r[f"{prefix}rows"] for r in steps)),
+                          f"s p10/p50/p90 (step {int(first['step'])})": quantiles(first),
+                          f"s p10/p50/p90 (step {int(last['step'])})": quantiles(last),
+                          "grad_frac_first": grads[0], "grad_frac_mean": sum(grads) / len(grads),
+                          "grad_frac_last": grads[-1]})
+    return table
+
+
+def plot_directions(records: Sequence[Mapping[str, float]], agents: Sequence[str], path, title: str = ""):
+    """`cross_path.png`: per direction, the median s with its p10–p90 band (log scale, the clip window's lower
+    bound at u = 0 and 1 drawn) and the share of cross rows with non-zero gradient, against the step."""
+    from nemo_hacpo.reporting import pyplot, save_figure
+
+    plt = pyplot()
+    fig, (ax_s, ax_g) = plt.subplots(1, 2, figsize=(11, 4))
+    drawn = False
+    for learner in agents:
+        for source in agents:
+            prefix = f"{learner}/from/{source}/"
+            steps = [r for r in records if f"{prefix}s_p50" in r]
+            if not steps:
+                continue
+            drawn = True
+            x = [int(r["step"]) for r in steps]
+            label = f"{source} → {learner}"
+            line, = ax_s.plot(x, [r[prefix + "s_p50"] for r in steps], marker="o", markersize=3, label=label)
+            ax_s.fill_between(x, [r[prefix + "s_p10"] for r in steps], [r[prefix + "s_p90"] for r in steps],
+                              color=line.get_color(), alpha=0.2)
+            ax_g.plot(x, [r[prefix + "grad_frac"] for r in steps], marker="o", markersize=3, label=label)
+    if not drawn:
+        plt.close(fig)
+        return None
+    for level in (1.0, 0.8):
+        ax_s.axhline(level, color="grey", linestyle="--", linewidth=0.8)
+    ax_s.set_yscale("log")
+    ax_s.set_xlabel("step")
+    ax_s.set_ylabel("cross ratio s (median, p10–p90)")
+    ax_g.set_xlabel("step")
+    ax_g.set_ylabel("share of cross rows with gradient")
+    ax_g.set_ylim(-0.02, 1.02)
+    for ax in (ax_s, ax_g):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title or "cross path per direction")
+    return save_figure(fig, path)
+
 
 class CrossPathMonitor:
     """Names an agent whose cross samples have given no gradient for `patience` steps in a row.

@@ -26,10 +26,15 @@ from nemo_hacpo.data import MathProblem, PromptDataset, problem_to_messages
 from nemo_hacpo.data.splits import load_split
 from nemo_hacpo.data.validation import apply_policy
 from nemo_hacpo.models.chat import prompt_length_issues
-from nemo_hacpo.reporting import markdown_table, write_curves
+from nemo_hacpo.reporting import markdown_table, read_metrics, write_curves
 from nemo_hacpo.rollout.outputs import GenerationResult, agent_rollouts, rollout_metrics
 from nemo_hacpo.rollout.sampling import call_base_seed
-from nemo_hacpo.runtime.cross_path import CrossPathMonitor
+from nemo_hacpo.runtime.cross_path import (
+    CrossPathMonitor,
+    direction_metrics,
+    direction_table,
+    plot_directions,
+)
 from nemo_hacpo.runtime.evaluation import evaluate_agents
 from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray, wait_released
 from nemo_hacpo.runtime.preflight import check_agents, tokenizer_source
@@ -167,7 +172,7 @@ class HacpoRun:
     def _make_broker(self, algo: AlgoConfig) -> Broker:
         spec = algo.algorithm  # the registry entry, ablations applied
         return Broker(self.agents, self._learner_tokenizers() if spec.shares_rollouts else {}, algorithm=spec,
-                      tracker=self.tracker, adv_eps=algo.adv_eps)
+                      tracker=self.tracker, adv_eps=algo.adv_eps, ratio_length=algo.ratio_length)
 
     def use_algorithm(self, algo: AlgoConfig) -> None:
         """Train the next steps of this (started) run with another algorithm of the baseline table: the broker's
@@ -236,7 +241,11 @@ class HacpoRun:
         objective = Objective.of(algo)
         train_pending = {a: g.train(brokered.rows[a], objective, step) for a, g in self.groups.items()}
         for a, call in train_pending.items():
-            result = call.result().flat()
+            trained = call.result()
+            result = trained.flat()
+            if trained.rows is not None and result.get("num_cross"):  # per direction: s quantiles, gradient share
+                rows = brokered.rows[a]
+                metrics.update(direction_metrics(a, self.agents, rows.source, rows.cross_objective, trained.rows))
             if not result.get("num_cross"):  # isolated modes: cross statistics over no rows are undefined
                 result = {k: v for k, v in result.items() if not k.startswith("cross_")}
             metrics.update({f"{a}/train/{k}": v for k, v in result.items()})
@@ -283,7 +292,7 @@ class HacpoRun:
             logger.info("metrics.jsonl: dropped %d record(s) logged after step %d by the interrupted run", dropped, self.step)
         with MathRewardScorer.from_config(cfg.reward) as scorer, \
                 MetricsLogger(self.out_dir, sinks, total_steps=cfg.runtime.steps, start_step=self.step,
-                              console_keys=("*/reward_mean", "*/eval_accuracy", "*/omega/*"),
+                              console_keys=("*/reward_mean", "*/eval_accuracy", "*/omega/*", "*/from/*/grad_frac"),
                               wandb_project=cfg.runtime.wandb_project, wandb_run_name=cfg.runtime.wandb_run_name,
                               run_config=dataclasses.asdict(cfg) if "wandb" in sinks else None) as log:
             if not self.eval_history:
@@ -333,8 +342,15 @@ class HacpoRun:
                        sequences_trained=self.totals[a]["sequences_trained"])
             rows.append(row)
         table = markdown_table(rows, list(rows[0]))
-        (self.out_dir / "summary.md").write_text(f"# {self.cfg.algo.name}: {self.step} steps\n\n{table}\n")
         metrics_file = self.out_dir / "metrics.jsonl"
+        records = read_metrics(metrics_file) if metrics_file.is_file() else []
+        directions = direction_table(records, self.agents)
+        if directions:  # sharing modes: what each learner took from each partner's rollouts
+            table += "\n\ncross path (s: the ratio of each cross row when trained; grad_frac: share with gradient)\n\n"
+            table += markdown_table(directions, list(directions[0]))
+            plot_directions(records, self.agents, self.out_dir / "cross_path.png",
+                            title=f"{self.cfg.algo.name}: cross path per direction")
+        (self.out_dir / "summary.md").write_text(f"# {self.cfg.algo.name}: {self.step} steps\n\n{table}\n")
         if metrics_file.is_file():
             write_curves(metrics_file, self.out_dir / "reward_curve.png", ["*/reward_mean"],
                          title=f"{self.cfg.algo.name}: training reward", ylabel="mean reward")
@@ -342,6 +358,7 @@ class HacpoRun:
                          title=f"{self.cfg.algo.name}: held-out accuracy (greedy)", ylabel="accuracy")
         print(table)
         print(f"outputs: {self.out_dir} (summary.md, metrics.jsonl, reward_curve.png, eval_accuracy.png"
+              + (", cross_path.png" if directions else "")
               + (", hf/<agent>)" if self.cfg.runtime.save_hf else ")"))
         return table
 

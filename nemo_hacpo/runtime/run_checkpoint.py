@@ -36,7 +36,7 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 DIGEST_CHUNK = 8 << 20
 
 RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "summary.md", "reward_curve.png",
-                 "eval_accuracy.png", "hf", "eval", "engines", "config.yaml")
+                 "eval_accuracy.png", "cross_path.png", "hf", "eval", "engines", "config.yaml")
 """What a run writes into its output directory that belongs to that run (moved aside as a whole when a run
 starts over). `logs/` is not among them: a launcher (the Slurm job) writes there before the run starts, and
 the workers only ever append to their log files."""

@@ -126,6 +126,7 @@ class MicroBatch:
     is_own: torch.Tensor | None = None  # [B] bool
     omega: torch.Tensor | None = None  # [B]
     old_mean_logprob: torch.Tensor | None = None  # [B]
+    ratio_length_scale: torch.Tensor | None = None  # [B] (TrainingRows.ratio_length_scale)
     old_token_logprobs: torch.Tensor | None = None  # [B, S]
     ref_token_logprobs: torch.Tensor | None = None  # [B, S]
     packed: PackedSequence | None = None  # model inputs [1, T] when sequence packing is on
@@ -188,6 +189,7 @@ def training_micro_batch(rows: TrainingRows, indices: Sequence[int], pad_to_mult
     batch.is_own = rows.is_own[index]
     batch.omega = rows.omega[index].float()
     batch.old_mean_logprob = rows.old_mean_logprob[index].float()
+    batch.ratio_length_scale = rows.ratio_length_scale[index].float()
     for name in ("old_token_logprobs", "ref_token_logprobs"):
         full = getattr(rows, name)
         if full is not None:

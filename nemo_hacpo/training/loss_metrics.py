@@ -186,6 +186,17 @@ class FP16Scaling:
 
 
 @dataclass(frozen=True)
+class RowOutcome:
+    """Per-row outcome of a step's sequence-level loss, in `TrainingRows` order (each row is trained once, at its
+    update u): its ratio s and whether it passed gradient (`hacpo_loss`'s `rows_out`). Read per source → learner
+    direction by `runtime.cross_path.direction_metrics`."""
+
+    ratio: tuple[float, ...]
+    in_window: tuple[bool, ...]
+    gradient: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
 class TrainMetrics:
     """What one train call reports; the same on every rank (the worker returns rank 0's across Ray).
 
@@ -218,6 +229,9 @@ class TrainMetrics:
     self/cross ratios and clip fractions, …"""
     fp16: FP16Scaling | None = None
     """fp16 training only: the loss scaler after the step and the updates it skipped."""
+    rows: RowOutcome | None = None
+    """Sequence-level losses: every row's ratio s and gradient flags (not in `flat()`; the driver turns them into
+    per-direction statistics)."""
 
     def flat(self) -> dict[str, float]:
         scaling = {} if self.fp16 is None else {"loss_scale": self.fp16.loss_scale,

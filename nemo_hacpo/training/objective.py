@@ -107,22 +107,28 @@ class Objective:
         return float(denominator)
 
 
-LossFn = Callable[[torch.Tensor, "MicroBatch", Objective, int, float], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+"""`(token_logprobs, batch, objective, update_index, normaliser, rows_out=None) -> (loss, metrics)`; a sequence-level
+loss fills `rows_out` with its per-row outcome (`hacpo_loss`), the others leave it empty."""
 
 
 def sequence_loss(token_logprobs: torch.Tensor, batch: MicroBatch, objective: Objective, update_index: int,
-                  normaliser: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                  normaliser: float, rows_out: dict[str, torch.Tensor] | None = None
+                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`hacpo_loss` on per-sequence mean log-probs (HACPO; GSPO and naive are rows without the cross objective)."""
     learner_mean_logprob = sequence_mean_logprob(token_logprobs, batch.loss_mask)  # [B]
+    if batch.ratio_length_scale is not None:  # single-exponent convention: Σ log π_k / L_source on cross rows
+        learner_mean_logprob = learner_mean_logprob * batch.ratio_length_scale.to(learner_mean_logprob)
     return hacpo_loss(
         learner_mean_logprob, batch.old_mean_logprob, batch.advantages, batch.cross_objective, batch.omega,
         update_index, alpha=objective.alpha, delta=objective.delta, delta_step=objective.delta_step,
         eps_low=objective.eps_low, eps_high=objective.eps_high, max_abs_log_ratio=objective.max_abs_log_ratio,
-        num_sequences=normaliser, cross_clip=objective.cross_clip)
+        num_sequences=normaliser, cross_clip=objective.cross_clip, rows_out=rows_out)
 
 
 def token_loss(token_logprobs: torch.Tensor, batch: MicroBatch, objective: Objective, update_index: int,
-               normaliser: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+               normaliser: float, rows_out: dict[str, torch.Tensor] | None = None
+               ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Token-level PPO clip (`grpo_token_loss`) against the rows' old token log-probs."""
     if batch.old_token_logprobs is None:
         raise ValueError("the token-level loss needs the old token log-probs of every row (old_token_logprobs)")
@@ -132,7 +138,8 @@ def token_loss(token_logprobs: torch.Tensor, batch: MicroBatch, objective: Objec
 
 
 def nll_loss(token_logprobs: torch.Tensor, batch: MicroBatch, objective: Objective, update_index: int,
-             normaliser: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             normaliser: float, rows_out: dict[str, torch.Tensor] | None = None
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Supervised fine-tuning: Σ_rows −m_θ(row) / D (sequence-mean of the token-mean NLL)."""
     loss = -sequence_mean_logprob(token_logprobs, batch.loss_mask).sum() / normaliser
     return loss, {"loss": loss.detach(), "num_rows": torch.tensor(float(batch.loss_mask.shape[0]),
@@ -151,6 +158,7 @@ def micro_batch_loss(
     *,
     normaliser: float,
     num_sequences: float,
+    rows_out: dict[str, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """This micro-batch's share of the mini-batch loss and its metrics (0-d detached tensors).
 
@@ -162,12 +170,15 @@ def micro_batch_loss(
         update_index: `u`, the optimizer update inside the step (stepwise cross clip).
         normaliser: global `D` of the policy loss (`Objective.normaliser`).
         num_sequences: global `D_seq` (rows in the mini-batch), the KL term's normaliser.
+        rows_out: receives the sequence loss's per-row outcome (`hacpo_loss`'s `rows_out`: ratio, in_window,
+            gradient of each row of the micro-batch); left empty by the token and nll losses.
 
     Returns:
         `(loss, metrics)`: `loss` = L_pol + L_kl; metrics are the policy loss's own (its `loss` renamed
         `policy_loss`) plus `loss`, and with β > 0 `kl_loss` and `kl_mean` (mean k3 KL over own rows).
     """
-    policy_loss, metrics = LOSSES[objective.loss](token_logprobs, batch, objective, update_index, normaliser)
+    policy_loss, metrics = LOSSES[objective.loss](token_logprobs, batch, objective, update_index, normaliser,
+                                                  rows_out=rows_out)
     metrics = {("policy_loss" if name == "loss" else name): value for name, value in metrics.items()}
 
     loss = policy_loss

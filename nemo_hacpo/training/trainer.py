@@ -66,6 +66,7 @@ from nemo_hacpo.training.loss_metrics import (
     REDUCTIONS,
     FP16Scaling,
     MetricAccumulator,
+    RowOutcome,
     TrainMetrics,
     reduce_metrics,
 )
@@ -427,6 +428,9 @@ class MegatronTrainer:
         keys = [k for k in REDUCTIONS if objective.kl_coef > 0 or k not in ("kl_loss", "kl_mean", "num_own")]
         step_metrics = MetricAccumulator(keys, token_level=objective.token_level, device=self.device)
         losses, grad_norms, lr, own_ratio_u0, skipped = [], [], math.nan, math.nan, 0
+        # per-row outcome of the sequence loss: [ratio, in_window, gradient, seen] × N, rows of this replica only
+        outcome = torch.zeros(4, len(rows), dtype=torch.float64, device=self.device) \
+            if objective.loss == "sequence" else None
         for update_index, minibatch in enumerate(minibatch_ranges(len(rows), objective.updates_per_step,
                                                                   self.dp_size)):
             num_sequences = len(minibatch)
@@ -439,8 +443,14 @@ class MegatronTrainer:
             def loss_func(batch: MicroBatch, output: torch.Tensor, u=update_index, d=normaliser, n=num_sequences,
                           acc=update_metrics):
                 token_logprobs = self._row_token_logprobs(batch, output)  # [B, S]
+                rows_out: dict[str, torch.Tensor] = {}
                 loss, metrics = micro_batch_loss(token_logprobs, batch, objective, u, normaliser=d,
-                                                 num_sequences=float(n))
+                                                 num_sequences=float(n), rows_out=rows_out)
+                if outcome is not None and rows_out:
+                    index = batch.row_index.to(outcome.device)
+                    outcome[:, index] = torch.stack([rows_out["ratio"].to(outcome), rows_out["in_window"].to(outcome),
+                                                     rows_out["gradient"].to(outcome),
+                                                     torch.ones_like(index, dtype=outcome.dtype)])
                 acc.add(metrics)
                 step_metrics.add(metrics)
                 return loss, torch.tensor(batch.num_rows, dtype=torch.int, device=self.device), {}
@@ -466,6 +476,13 @@ class MegatronTrainer:
                 own_ratio_u0 = update_result.get("ratio_mean" if objective.token_level else "self_ratio_mean", math.nan)
 
         reduce_metrics(step_metrics, self.dp_group, self.pp_group, self.pp_last_rank)
+        row_outcome = None
+        if outcome is not None:
+            outcome = self._share_from_last_stage(outcome).cpu()  # replicas hold disjoint rows
+            if not bool(outcome[3].all()):
+                raise RuntimeError(f"step {step}: the loss saw {int(outcome[3].sum())} of {len(rows)} rows")
+            row_outcome = RowOutcome(ratio=tuple(outcome[0].tolist()), in_window=tuple(bool(v) for v in outcome[1]),
+                                     gradient=tuple(bool(v) for v in outcome[2]))
         elapsed = time.perf_counter() - start
         seq_lens = [len(row) for row in rows.token_ids]
         flops = batch_flops(self.arch, seq_lens, backward=True) + forward_passes * batch_flops(
@@ -479,7 +496,8 @@ class MegatronTrainer:
             step_time_s=elapsed, tokens_per_s=sum(seq_lens) / elapsed,
             tflops_per_gpu=flops / elapsed / dist.get_world_size() / 1e12, own_ratio_u0=own_ratio_u0,
             objective=objective_metrics,
-            fp16=FP16Scaling(float(self.optimizer.get_loss_scale()), skipped) if self.config.fp16 else None)
+            fp16=FP16Scaling(float(self.optimizer.get_loss_scale()), skipped) if self.config.fp16 else None,
+            rows=row_outcome)
 
     # ----------------------------------------------------------------------------------------- checkpoints
     def save_checkpoint(self, directory: str, step: int | None = None) -> str:

@@ -9,7 +9,8 @@ one optimizer update (M = 1) for two objectives:
   * grpo with the KL term (β = 0.1): policy W1, reference model W0, old token log-probs recomputed.
 Weights before and after the update are gathered back to the TP = 1 layout from every rank, and the
 gradient is read off the update (Adam with lr = ε = 1000, whose first update is g / (1 + |g|/1000):
-tests/integration/training/tiny_setup.py). Loss, every metric and the gradients must match within 1e-5
+tests/integration/training/tiny_setup.py). Loss, every metric, each row's ratio and gradient flags (`TrainMetrics.rows`)
+and the gradients must match within 1e-5
 (measured: |Δloss| ≤ 8e-8 and |Δgrad| ≤ 1.2e-7, the fp32 resolution of the probe; unpacked PP = 2 is exact).
 """
 
@@ -30,7 +31,6 @@ from tests.integration.training.tiny_setup import (
     tiny_agent,
     tiny_arch,
     token_rows,
-    train,
     training_rows,
 )
 
@@ -62,6 +62,7 @@ def _run_objectives(agent, rows, w0, w1, max_tokens: int | None = None, pad_to_m
     """One hacpo update from W0 and one grpo+KL update from W1 (reference W0), each by a fresh trainer
     (the gradient probe needs Adam's *first* update); metrics and weights before/after."""
     from nemo_hacpo.training import MegatronTrainer
+    from nemo_hacpo.training.objective import Objective
 
     out = {}
     for objective in ("hacpo", "grpo_kl"):
@@ -71,8 +72,8 @@ def _run_objectives(agent, rows, w0, w1, max_tokens: int | None = None, pad_to_m
         load_full_state(trainer, w0, module=trainer.reference)
         load_full_state(trainer, w0 if objective == "hacpo" else w1)
         before = local_parameters(trainer)
-        metrics = train(trainer, rows, _algo("hacpo" if objective == "hacpo" else "grpo"), step=0)
-        out[objective] = {"metrics": comparable_metrics(metrics), "before": before,
+        result = trainer.train_step(rows, Objective.of(_algo("hacpo" if objective == "hacpo" else "grpo")), 0)
+        out[objective] = {"metrics": comparable_metrics(result.flat()), "rows": result.rows, "before": before,
                           "after": local_parameters(trainer)}
         trainer.close()
     return out
@@ -145,12 +146,22 @@ def test_loss_and_gradients_agree_across_layouts_and_micro_batch_sizes() -> None
         if objective == "hacpo":
             assert expected_metrics["cross_zero_grad_frac"] == pytest.approx(0.5)
             assert expected_metrics["self_ratio_mean"] == pytest.approx(1.0, abs=1e-6)
+            # the per-row outcome (gathered over replicas / from the last stage): 4 of the 8 cross rows in the window
+            outcome = baseline[0][objective]["rows"]
+            assert sum(outcome.in_window[8:]) == 4 and outcome.ratio[:8] == pytest.approx([1.0] * 8, abs=1e-6)
         else:
+            assert baseline[0][objective]["rows"] is None  # the token loss has no per-row ratio
             assert expected_metrics["kl_loss"] > 1e-4
             assert expected_metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # old = current weights
         for label, rank_runs in runs.items():
             actual_metrics = rank_runs[0][objective]["metrics"]
             _assert_metrics_close(actual_metrics, expected_metrics, f"{label}/{objective}")
+            if objective == "hacpo":  # every rank of every layout reports every row, as the TP = 1 run
+                for run in rank_runs:
+                    outcome = run[objective]["rows"]
+                    assert outcome.ratio == pytest.approx(baseline[0][objective]["rows"].ratio, abs=ATOL), label
+                    assert outcome.in_window == baseline[0][objective]["rows"].in_window, label
+                    assert outcome.gradient == baseline[0][objective]["rows"].gradient, label
             actual_grads = _full_gradients(rank_runs, objective)
             assert actual_grads.keys() == expected_grads.keys()
             grad_gap = max(float((actual_grads[n] - g).abs().max()) for n, g in expected_grads.items())

@@ -274,3 +274,17 @@ def test_validation_errors():
         hacpo_loss(*good, 0, num_sequences=0, **SPEC)
     with pytest.raises(ValueError, match="max_abs_log_ratio"):
         hacpo_loss(*good, 0, max_abs_log_ratio=0.0, **SPEC)
+
+
+def test_rows_out_reports_each_rows_ratio_window_and_gradient():
+    """u = 0 (window [0.8, 1]); rows: self s = 1 A = 1 | cross s = 0.9 A = 1 | cross s = 0.9 A = 0 |
+    cross s = 0.5 A = 1 | cross s = 1.2 A = −1 | self s = 1.1 A = 1 (above 1 + ε_high: clipped)."""
+    log_s = torch.tensor([0.0, math.log(0.9), math.log(0.9), math.log(0.5), math.log(1.2), math.log(1.1)],
+                         dtype=torch.float64, requires_grad=True)
+    rows_out: dict = {}
+    hacpo_loss(log_s, torch.zeros(6, dtype=torch.float64), torch.tensor([1.0, 1, 0, 1, -1, 1], dtype=torch.float64),
+               torch.tensor([False, True, True, True, True, False]), torch.ones(6, dtype=torch.float64), 0,
+               alpha=1.0, delta=0.2, delta_step=0.025, eps_low=3e-4, eps_high=4e-4, rows_out=rows_out)
+    assert rows_out["ratio"].tolist() == pytest.approx([1.0, 0.9, 0.9, 0.5, 1.2, 1.1])
+    assert rows_out["in_window"].tolist() == [True, True, True, False, False, False]
+    assert rows_out["gradient"].tolist() == [True, True, False, False, False, False]

@@ -268,3 +268,25 @@ def test_token_level_algorithm_carries_the_own_rows_old_token_logprobs(tokenizer
     missing = _rollouts(tokenizers)
     with pytest.raises(ValueError, match="needs the old token log-probs"):
         Broker(AGENTS, {}, algorithm=ALGORITHMS["grpo"]).step(missing)
+
+
+def test_ratio_length_scale_per_convention(tokenizers):
+    """single_exponent: a cross row's scale is L_learner / L_source (its re-encoded response tokens over the
+    source's sampled ones, EOS included on both sides); own rows and the per-tokenizer default keep 1."""
+    rollouts = _rollouts(tokenizers)
+    default = _broker(tokenizers).step(rollouts).rows["alpha"]
+    assert default.ratio_length_scale.tolist() == [1.0] * 12
+    with pytest.raises(ValueError, match="ratio_length"):
+        _broker(tokenizers, ratio_length="per_character")
+    view = _broker(tokenizers, ratio_length="single_exponent").step(rollouts).rows["alpha"]
+    learner = tokenizers[TOKENIZER_OF["alpha"]]
+    expected = [1.0] * 4
+    for source in ("beta", "gamma"):
+        for row in rollouts[source]:
+            text = row.trajectory.response_text
+            learner_tokens = len(learner(text, add_special_tokens=False)["input_ids"]) + 1  # + the learner's EOS
+            expected.append(learner_tokens / row.trajectory.source_num_tokens)
+    assert view.ratio_length_scale.tolist() == pytest.approx(expected, rel=1e-6)
+    assert any(abs(s - 1.0) > 0.05 for s in expected[4:])  # the tokenizers differ: the convention matters
+    # everything else is the same rows
+    assert view.token_ids == default.token_ids and torch.equal(view.advantages, default.advantages)

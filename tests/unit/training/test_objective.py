@@ -169,3 +169,32 @@ def test_kl_covers_the_learners_own_rows_only_under_naive_sharing() -> None:
     # only row 0: k3 mean (e − 2)/2, over D = 2 sequences
     assert metrics["kl_loss"].item() == pytest.approx(0.1 * (math.e - 2) / 2 / 2, rel=1e-12)
     assert metrics["num_own"].item() == 1 and metrics["num_self"].item() == 2  # the loss's own-objective rows
+
+
+def _length_case(scale: float) -> tuple[torch.Tensor, MicroBatch]:
+    """One cross row (A = 1, ω = 1) re-encoded into L_k = 16 learner tokens of log-prob −0.4 each; the source
+    sampled it as L_j = 10 tokens at m_j = −0.5 (docs/algorithm.md §4's example)."""
+    token_logprobs = torch.full((1, 16), -0.4, dtype=F64, requires_grad=True)
+    batch = _batch([[1] * 16], [1.0], [True], [1.0], [-0.5])
+    batch.ratio_length_scale = torch.tensor([scale], dtype=F64)
+    return token_logprobs, batch
+
+
+def test_ratio_length_conventions_hand_computed() -> None:
+    # per_tokenizer (scale 1): log s = m_k − m_j = −0.4 + 0.5 = 0.1 → s = 1.10517 > 1: clipped, no gradient,
+    #   objective = clip(s)·sg(clip(s))·ω·A = 1
+    tokens, batch = _length_case(1.0)
+    loss, metrics = micro_batch_loss(tokens, batch, _objective(kl_coef=0.0), 0, normaliser=1.0, num_sequences=1.0)
+    assert metrics["cross_ratio_mean"].item() == pytest.approx(math.exp(0.1), rel=1e-12)
+    assert metrics["cross_zero_grad_frac"].item() == 1.0 and loss.item() == pytest.approx(-1.0, rel=1e-12)
+    loss.backward()
+    assert tokens.grad.abs().max().item() == 0.0
+    # single_exponent (scale L_k/L_j = 1.6): log s = Σ log π_k / L_j − m_j = −6.4/10 + 0.5 = −0.14 → s = 0.869358,
+    #   inside [lo_0 = 0.8, 1]: objective = s·sg(s) = e^−0.28 = 0.755784; d loss / d log π_k(y_t) = −s·sg(s) / L_j
+    tokens, batch = _length_case(1.6)
+    loss, metrics = micro_batch_loss(tokens, batch, _objective(kl_coef=0.0), 0, normaliser=1.0, num_sequences=1.0)
+    assert metrics["cross_ratio_mean"].item() == pytest.approx(math.exp(-0.14), rel=1e-12)
+    assert metrics["cross_zero_grad_frac"].item() == 0.0
+    assert loss.item() == pytest.approx(-math.exp(-0.28), rel=1e-12)
+    loss.backward()
+    assert tokens.grad[0].tolist() == pytest.approx([-math.exp(-0.28) / 10] * 16, rel=1e-12)
