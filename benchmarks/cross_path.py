@@ -125,7 +125,7 @@ def measure(cfg, prompts: int, group: int, seed: int) -> dict:
             rewards = scorer.score(texts, [problems[n // group].answer for n in range(len(texts))]).rewards
             m_old = mean_logprobs(model, ids, masks)
             rows = []
-            for n, ((r, done), text) in enumerate(zip(responses, texts, strict=True)):
+            for n, ((_, done), text) in enumerate(zip(responses, texts, strict=True)):
                 b = n // group
                 trajectory = Trajectory(
                     prompt_id=problems[b].id, messages=messages[b], response_text=text, source=name,
