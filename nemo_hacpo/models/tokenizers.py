@@ -268,9 +268,13 @@ def recipe_fingerprint(kind: TinyKind, vocab_size: int) -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
 
+CACHE_ENV = "NEMO_HACPO_TOKENIZER_CACHE"
+"""Environment variable naming another tokenizer cache (a fresh one makes every tiny tokenizer train anew)."""
+
+
 def default_cache_dir() -> Path:
-    """``~/.cache/nemo_hacpo/tokenizers``."""
-    return Path("~/.cache/nemo_hacpo/tokenizers").expanduser()
+    """``$NEMO_HACPO_TOKENIZER_CACHE``, else ``~/.cache/nemo_hacpo/tokenizers``."""
+    return Path(os.environ.get(CACHE_ENV) or "~/.cache/nemo_hacpo/tokenizers").expanduser()
 
 
 def _save_atomically(tokenizer: PreTrainedTokenizerBase, target: Path, metadata: dict) -> None:

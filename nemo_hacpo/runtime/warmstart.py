@@ -79,8 +79,6 @@ def warm_start_dir(agent: AgentConfig, cfg: HacpoConfig) -> Path:
 
 def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
     """`{agent: hf_dir}` of every tiny agent's warm-started checkpoint, training the missing ones."""
-    from nemo_hacpo.runtime.groups import AgentGroup, start_ray
-
     ws = cfg.warmstart
     todo, done = [], {}
     for agent in cfg.agents:
@@ -94,21 +92,10 @@ def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
             todo.append((agent, target))
     if not todo:
         return done
-    start_ray(cfg)
-    problems = generate_problems("train", ws.num_problems, seed=ws.seed)
-    prompts = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
-    solutions = [p.solution for p in problems]
+    prompts, solutions = _worked_solutions(cfg)
     groups = []
     try:
-        for agent, _ in todo:
-            sft_agent = dataclasses.replace(agent, optimizer=dataclasses.replace(
-                agent.optimizer, lr=ws.lr, min_lr=0.0, lr_warmup_steps=min(20, ws.steps // 10), lr_decay_style="cosine"))
-            groups.append(AgentGroup(sft_agent, seed=warm_start_seed(agent, cfg), keep_reference=False,
-                                     run_dir=str(Path(ws.cache_dir).expanduser()), total_updates=ws.steps,
-                                     device=cfg.runtime.cluster.device, start_engine=False,
-                                     log_dir=str(Path(cfg.runtime.output_dir) / "logs")))
-        for group in groups:
-            group.wait_ready()
+        groups = _sft_groups(cfg, [agent for agent, _ in todo])
         start = time.perf_counter()
         print(f"[warmstart] {len(groups)} agent(s), {ws.steps} steps × {ws.batch_size} worked solutions each",
               flush=True)
@@ -141,6 +128,57 @@ def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
         for group in groups:
             group.shutdown()
     return done
+
+
+def _worked_solutions(cfg: HacpoConfig) -> tuple[list, list[str]]:
+    problems = generate_problems("train", cfg.warmstart.num_problems, seed=cfg.warmstart.seed)
+    prompts = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
+    return prompts, [p.solution for p in problems]
+
+
+def _sft_groups(cfg: HacpoConfig, agents: list[AgentConfig]) -> list:
+    """One trainer group per agent, set up for its warm start (its own seed, the warm start's lr schedule over
+    `warmstart.steps`), started and ready."""
+    from nemo_hacpo.runtime.groups import AgentGroup, start_ray
+
+    ws = cfg.warmstart
+    start_ray(cfg)
+    groups = []
+    try:
+        for agent in agents:
+            sft_agent = dataclasses.replace(agent, optimizer=dataclasses.replace(
+                agent.optimizer, lr=ws.lr, min_lr=0.0, lr_warmup_steps=min(20, ws.steps // 10), lr_decay_style="cosine"))
+            groups.append(AgentGroup(sft_agent, seed=warm_start_seed(agent, cfg), keep_reference=False,
+                                     run_dir=str(Path(ws.cache_dir).expanduser()), total_updates=ws.steps,
+                                     device=cfg.runtime.cluster.device, start_engine=False,
+                                     log_dir=str(Path(cfg.runtime.output_dir) / "logs")))
+        for group in groups:
+            group.wait_ready()
+    except BaseException:
+        for group in groups:
+            group.shutdown()
+        raise
+    return groups
+
+
+def warm_start_probe(cfg: HacpoConfig, steps: int) -> dict[str, list[float]]:
+    """The first `steps` losses of every tiny agent's warm start, computed exactly as `ensure_warm_start` computes
+    them (same initial weights, worked solutions, batches and lr schedule over `warmstart.steps`); nothing is saved.
+    A fingerprint of the environment: another torch, tokenizer or data generator changes them
+    (`scripts/record_default_run.py`)."""
+    agents = [agent for agent in cfg.agents if agent.model.source == "tiny"]
+    if not agents:
+        return {}
+    ws = cfg.warmstart
+    steps = min(steps, ws.steps)
+    prompts, solutions = _worked_solutions(cfg)
+    groups = _sft_groups(cfg, agents)
+    try:
+        pending = [group.sft(prompts, solutions, steps, ws.batch_size, ws.seed, 0) for group in groups]
+        return {agent.name: list(call.result()) for agent, call in zip(agents, pending, strict=True)}
+    finally:
+        for group in groups:
+            group.shutdown()
 
 
 def _tail_mean(values: list[float], n: int = 10) -> float:

