@@ -41,9 +41,10 @@ def _load_agents(cfg):
     from transformers import AutoModelForCausalLM
 
     from nemo_hacpo.models.tokenizers import load_tokenizer
-    from nemo_hacpo.runtime.preflight import tokenizer_source
+    from nemo_hacpo.runtime.preflight import check_agents, tokenizer_source
     from nemo_hacpo.runtime.warmstart import ensure_warm_start
 
+    check_agents(cfg)  # before minutes of warm start: tokenizers exist, every tiny model converts to HF
     warm = ensure_warm_start(cfg) if cfg.warmstart.enabled else {}
     out = {}
     for agent in cfg.agents:

@@ -63,7 +63,7 @@ class TokenizerConfig:
     """The agent's own tokenizer and chat template."""
 
     source: str = "tiny-bpe"
-    """`tiny-bpe`, `tiny-unigram` (built and cached locally), `qwen3`, `gpt2` (shipped by pip packages), a local
+    """`tiny-bpe`, `tiny-unigram`, `tiny-words` (built and cached locally), `qwen3`, `gpt2` (shipped by pip packages), a local
     directory, or null-equivalent `model` to use the HF checkpoint's own tokenizer."""
     chat_template: str | None = None
     """Jinja chat template overriding the tokenizer's own; null keeps the tokenizer's."""

@@ -28,7 +28,8 @@ def _scored(generated: GenerationResult, problems: list[MathProblem], ks: tuple[
 
 def evaluate_agents(groups, problems: list[MathProblem], cfg: HacpoConfig, scorer, step: int = 0
                     ) -> dict[str, dict[str, float]]:
-    """`{agent: {"accuracy": greedy avg@1, "response_length": …, "truncation_rate": …, ["avg@n", "pass@k", …]}}`.
+    """`{agent: {"accuracy": greedy avg@1, "response_length": …, "truncation_rate": …, ["avg@n", "pass@k", …],
+    "correct": (0/1 per problem, greedy)}}` — `correct` pairs evaluations on the same problems (McNemar's test).
 
     `scorer` is the run's training scorer (`MathRewardScorer`), so held-out answers are verified under the same
     limits, in the same worker processes, as training answers."""
@@ -41,7 +42,8 @@ def evaluate_agents(groups, problems: list[MathProblem], cfg: HacpoConfig, score
     for name, call in greedy.items():
         scored = _scored(call.result(), problems, (), scorer)
         out[name] = {"accuracy": scored.avg(), "response_length": scored.response_tokens_mean(),
-                     "truncation_rate": scored.truncation_rate()}
+                     "truncation_rate": scored.truncation_rate(),
+                     "correct": tuple(int(p.responses[0].reward > 0) for p in scored.problems)}
     for name, call in sampled.items():
         scored = _scored(call.result(), problems, default_pass_ks(n), scorer)
         out[name].update(scored.metrics())

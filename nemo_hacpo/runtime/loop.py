@@ -25,6 +25,7 @@ from nemo_hacpo.config import AlgoConfig, ConfigError, HacpoConfig
 from nemo_hacpo.data import MathProblem, PromptDataset, problem_to_messages
 from nemo_hacpo.data.splits import load_split
 from nemo_hacpo.data.validation import apply_policy
+from nemo_hacpo.eval.paired import mcnemar_exact
 from nemo_hacpo.models.chat import prompt_length_issues
 from nemo_hacpo.reporting import markdown_table, read_metrics, write_curves
 from nemo_hacpo.rollout.outputs import GenerationResult, agent_rollouts, rollout_metrics
@@ -269,7 +270,9 @@ class HacpoRun:
     def evaluate(self, scorer) -> dict[str, float]:
         """Held-out greedy accuracy (`<agent>/eval_accuracy`) and, with runtime.eval_samples, avg@n / pass@k."""
         results = evaluate_agents(self.groups, self.eval_problems, self.cfg, scorer, self.step)
-        record: dict[str, Any] = {"step": self.step, **{a: r["accuracy"] for a, r in results.items()}}
+        correct = {a: list(r.pop("correct")) for a, r in results.items()}
+        record: dict[str, Any] = {"step": self.step, **{a: r["accuracy"] for a, r in results.items()},
+                                  "correct": correct}
         n = self.cfg.runtime.eval_samples
         if n > 0:  # sampled accuracy (avg@n) and pass@n, for the final table
             record["sampled"] = {a: {k: r[k] for k in (f"avg@{n}", f"pass@{n}")} for a, r in results.items()}
@@ -335,6 +338,9 @@ class HacpoRun:
         rows = []
         for a in self.agents:
             row = {"agent": a, "eval_accuracy_start": first[a], "eval_accuracy_end": last[a]}
+            if "correct" in first and "correct" in last and last is not first:  # paired: the same problems
+                test = mcnemar_exact(first["correct"][a], last["correct"][a])
+                row.update(gained=test.gained, lost=test.lost, mcnemar_p=test.p_value)
             if "sampled" in first and "sampled" in last:  # runtime.eval_samples: avg@n and pass@n, start → end
                 for key in first["sampled"][a]:
                     row[f"{key}_start"], row[f"{key}_end"] = first["sampled"][a][key], last["sampled"][a][key]

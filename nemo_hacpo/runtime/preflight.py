@@ -33,8 +33,18 @@ def agent_issues(i: int, agent: AgentConfig) -> list[ConfigIssue]:
         tokenizer_path(tokenizer_source(agent))
     except FileNotFoundError as err:
         return [ConfigIssue(f"{key}.tokenizer.source", str(err), "use a known name or a local tokenizer directory")]
+    if agent.model.source == "tiny":  # its embedding is sized from its tokenizer; it must have an HF family (vLLM)
+        from nemo_hacpo.models.architecture import arch_from_tiny
+        from nemo_hacpo.models.hf_layouts import check_convertible
+
+        try:
+            check_convertible(arch_from_tiny(agent.model.tiny, len(load_tokenizer(tokenizer_source(agent)))))
+        except ValueError as err:
+            return [ConfigIssue(f"{key}.model.tiny", str(err), "match Llama/Qwen3 (RMSNorm, SwiGLU, RoPE) or GPT-2 "
+                                "(LayerNorm, GELU, learned positions, biases, MHA)")]
+        return []
     if agent.model.source != "hf" or not agent.model.path:
-        return []  # a tiny model's embedding is sized from its tokenizer
+        return []
     config = Path(agent.model.path) / "config.json"
     try:
         rows = json.loads(config.read_text(encoding="utf-8")).get("vocab_size")

@@ -43,6 +43,7 @@ def _run(tmp_path, config: str, n_agents: int, extra: list[str]) -> dict:
     assert [r["step"] for r in records] == [0, 1, 2]
     header = (out / "summary.md").read_text().splitlines()[2]  # the table's header row
     assert "eval_accuracy_start" in header and "avg@2_start" in header and "pass@2_end" in header
+    assert "| gained | lost | mcnemar_p |" in header  # start vs end on the same held-out problems
     return records[-1]
 
 

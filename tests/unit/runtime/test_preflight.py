@@ -41,3 +41,13 @@ def test_unknown_tokenizer_sources_and_model_without_a_checkpoint_are_named():
         check_agents(cfg)
     assert [issue.key for issue in info.value.issues] == ["agents[0].tokenizer.source", "agents[1].tokenizer.source"]
     assert "'model' means the HF checkpoint's own tokenizer" in info.value.issues[1].problem
+
+
+def test_a_tiny_model_without_an_hf_family_is_refused_before_the_warm_start():
+    """GPT-2 with RoPE trains in Megatron but has no HF layout (vLLM could not serve it): named at start-up, not
+    after minutes of warm start when its checkpoint is exported (measured: that is where it used to fail)."""
+    with pytest.raises(ConfigError) as err:
+        check_agents(load_config("pair_tiny", ["agents.1.model.tiny.position_embedding=rope"]))
+    (issue,) = err.value.issues
+    assert issue.key == "agents[1].model.tiny" and "no HF equivalent" in issue.problem
+    check_agents(load_config("pair_tiny"))  # both shipped tiny agents convert
