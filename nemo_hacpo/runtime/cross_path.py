@@ -48,55 +48,55 @@ def direction_metrics(learner: str, agents: Sequence[str], source: torch.Tensor,
     return out
 
 
-def direction_table(records: Sequence[Mapping[str, float]], agents: Sequence[str]) -> list[dict[str, object]]:
-    """One summary row per direction source → learner from the run's step records: s quantiles at the first and
-    the last trained step, and the share of cross rows with non-zero gradient (first, mean over steps, last)."""
-    table = []
+def _directions(records: Sequence[Mapping[str, float]], agents: Sequence[str]):
+    """`(label, key prefix, the records of steps that logged the direction)` per direction that has any."""
     for learner in agents:
         for source in agents:
             prefix = f"{learner}/from/{source}/"
             steps = [r for r in records if f"{prefix}grad_frac" in r]
-            if not steps:
-                continue
-            first, last = steps[0], steps[-1]
+            if steps:
+                yield f"{source} → {learner}", prefix, steps
 
-            def quantiles(record, p=prefix):
-                return " / ".join(f"{record[p + k]:.3g}" for k in ("s_p10", "s_p50", "s_p90"))
 
-            grads = [r[f"{prefix}grad_frac"] for r in steps]
-            table.append({"direction": f"{source} → {learner}", "cross_rows": int(sum(r[f"{prefix}rows"] for r in steps)),
-                          f"s p10/p50/p90 (step {int(first['step'])})": quantiles(first),
-                          f"s p10/p50/p90 (step {int(last['step'])})": quantiles(last),
-                          "grad_frac_first": grads[0], "grad_frac_mean": sum(grads) / len(grads),
-                          "grad_frac_last": grads[-1]})
+def direction_table(records: Sequence[Mapping[str, float]], agents: Sequence[str]) -> list[dict[str, object]]:
+    """One summary row per direction source → learner from the run's step records: s quantiles at the first and
+    the last trained step, and the share of cross rows with non-zero gradient (first, mean over steps, last)."""
+    table = []
+    for label, prefix, steps in _directions(records, agents):
+        first, last = steps[0], steps[-1]
+
+        def quantiles(record, p=prefix):
+            return " / ".join(f"{record[p + k]:.3g}" for k in ("s_p10", "s_p50", "s_p90"))
+
+        grads = [r[f"{prefix}grad_frac"] for r in steps]
+        table.append({"direction": label, "cross_rows": int(sum(r[f"{prefix}rows"] for r in steps)),
+                      f"s p10/p50/p90 (step {int(first['step'])})": quantiles(first),
+                      f"s p10/p50/p90 (step {int(last['step'])})": quantiles(last),
+                      "grad_frac_first": grads[0], "grad_frac_mean": sum(grads) / len(grads),
+                      "grad_frac_last": grads[-1]})
     return table
 
 
-def plot_directions(records: Sequence[Mapping[str, float]], agents: Sequence[str], path, title: str = ""):
+def plot_directions(records: Sequence[Mapping[str, float]], agents: Sequence[str], path, title: str = "",
+                    clip_lower: float = 0.8):
     """`cross_path.png`: per direction, the median s with its p10–p90 band (log scale, the clip window's lower
-    bound at u = 0 and 1 drawn) and the share of cross rows with non-zero gradient, against the step."""
+    bound at u = 0, `clip_lower` = 1 − δ, and 1 drawn) and the share of cross rows with non-zero gradient, against the step."""
     from nemo_hacpo.reporting import pyplot, save_figure
 
     plt = pyplot()
     fig, (ax_s, ax_g) = plt.subplots(1, 2, figsize=(11, 4))
     drawn = False
-    for learner in agents:
-        for source in agents:
-            prefix = f"{learner}/from/{source}/"
-            steps = [r for r in records if f"{prefix}s_p50" in r]
-            if not steps:
-                continue
-            drawn = True
-            x = [int(r["step"]) for r in steps]
-            label = f"{source} → {learner}"
-            line, = ax_s.plot(x, [r[prefix + "s_p50"] for r in steps], marker="o", markersize=3, label=label)
-            ax_s.fill_between(x, [r[prefix + "s_p10"] for r in steps], [r[prefix + "s_p90"] for r in steps],
-                              color=line.get_color(), alpha=0.2)
-            ax_g.plot(x, [r[prefix + "grad_frac"] for r in steps], marker="o", markersize=3, label=label)
+    for label, prefix, steps in _directions(records, agents):
+        drawn = True
+        x = [int(r["step"]) for r in steps]
+        line, = ax_s.plot(x, [r[prefix + "s_p50"] for r in steps], marker="o", markersize=3, label=label)
+        ax_s.fill_between(x, [r[prefix + "s_p10"] for r in steps], [r[prefix + "s_p90"] for r in steps],
+                          color=line.get_color(), alpha=0.2)
+        ax_g.plot(x, [r[prefix + "grad_frac"] for r in steps], marker="o", markersize=3, label=label)
     if not drawn:
         plt.close(fig)
         return None
-    for level in (1.0, 0.8):
+    for level in (1.0, clip_lower):
         ax_s.axhline(level, color="grey", linestyle="--", linewidth=0.8)
     ax_s.set_yscale("log")
     ax_s.set_xlabel("step")

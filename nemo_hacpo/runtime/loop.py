@@ -355,7 +355,7 @@ class HacpoRun:
             table += "\n\ncross path (s: the ratio of each cross row when trained; grad_frac: share with gradient)\n\n"
             table += markdown_table(directions, list(directions[0]))
             plot_directions(records, self.agents, self.out_dir / "cross_path.png",
-                            title=f"{self.cfg.algo.name}: cross path per direction")
+                            title=f"{self.cfg.algo.name}: cross path per direction", clip_lower=1 - self.cfg.algo.delta)
         (self.out_dir / "summary.md").write_text(f"# {self.cfg.algo.name}: {self.step} steps\n\n{table}\n")
         if metrics_file.is_file():
             write_curves(metrics_file, self.out_dir / "reward_curve.png", ["*/reward_mean"],
