@@ -1,4 +1,4 @@
-"""Tokenizers for the agents: two tiny trained ones and two real ones shipped in pip packages.
+"""Tokenizers for the agents: three tiny ones built from the generated corpus and two real ones shipped in pip packages.
 
 No hub access anywhere: tiny tokenizers are trained locally (deterministically, < 1 s) on the
 generated arithmetic corpus and cached on disk; the real ones are read from files inside installed
@@ -335,6 +335,8 @@ def recipe_fingerprint(kind: TinyKind, vocab_size: int) -> str:
         "chat_format": asdict(CHAT_FORMATS[kind]),
         "tokenizers_version": tokenizers.__version__,
     }
+    if kind == "words":  # its own knobs (kept out of the other kinds' recipes: their cache keys stay as they were)
+        recipe.update(word_piece_split=WORD_PIECE_SPLIT, char_piece_penalty=CHAR_PIECE_PENALTY)
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode("utf-8")).hexdigest()[:12]
 
 
