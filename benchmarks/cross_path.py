@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -218,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     results = measure(cfg, args.prompts, args.group, args.seed)
     print_table(results)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1, default=lambda v: None if isinstance(v, float) and
-                                        math.isnan(v) else v))
+        args.json.write_text(json.dumps(results, indent=1))
     return 0
 
 
