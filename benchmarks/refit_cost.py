@@ -60,7 +60,7 @@ def models(quick: bool) -> list[tuple[str, object]]:
     """(label, AgentConfig) of the models to measure."""
     from nemo_hacpo.config import load_config
 
-    agents = {a.name: a for name in ("pair_tiny", "trio_tiny") for a in load_config(name).agents}
+    agents = {a.name: a for name in ("pair_tiny_gpt", "trio_tiny") for a in load_config(name).agents}
     chosen = [(name, agents[name]) for name in ("llama_tiny", "gpt_tiny", "qwen_tiny") if name in agents]
     if not quick:
         base = agents["llama_tiny"]

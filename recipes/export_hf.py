@@ -1,7 +1,7 @@
 """Export agents of a run checkpoint as HF checkpoints (config.json + safetensors + tokenizer).
 
     python recipes/export_hf.py --run outputs/pair_tiny                      # newest checkpoint, every agent
-    python recipes/export_hf.py --run outputs/pair_tiny --step 5 --agent gpt_tiny --out /tmp/gpt_step5
+    python recipes/export_hf.py --run outputs/pair_tiny --step 5 --agent qwen_tiny --out /tmp/qwen_step5
 
 Each agent's Megatron checkpoint is loaded by a worker group with the run's own layout (its GPUs on a cluster,
 CPU processes here) and written in HF names and layout, loadable by transformers and vLLM. Training already

@@ -19,7 +19,7 @@
 # mounted already). `--config-name X` among the arguments also picks X.
 # Other sizes: override the #SBATCH lines on the command line. What CI runs on one CPU node (tests/integration/
 # slurm/test_sbatch_job.py):
-#   sbatch --nodes=1 --gpus-per-node=0 --cpus-per-task=2 --export=ALL,CONFIG=pair_tiny,PYTHON=$PWD/.venv/bin/python \
+#   sbatch --nodes=1 --gpus-per-node=0 --cpus-per-task=2 --export=ALL,CONFIG=pair_tiny_gpt,PYTHON=$PWD/.venv/bin/python \
 #       slurm/hacpo_70b_8b.sh runtime.steps=2 ...
 #SBATCH --job-name=hacpo-70b-8b
 #SBATCH --nodes=5

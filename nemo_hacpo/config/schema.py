@@ -14,7 +14,7 @@ from nemo_hacpo.algo.registry import Algorithm, algorithm
 # --------------------------------------------------------------------------------------------- agents
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """A small GPT built from scratch (tests and `pair_tiny`)."""
+    """A small GPT built from scratch (the tiny configs and the tests)."""
 
     num_layers: int = 2
     """Transformer layers."""

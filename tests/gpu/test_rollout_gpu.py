@@ -31,7 +31,7 @@ def _mean_abs(a: list[list[float]], b: list[list[float]]) -> float:
 
 
 def _agent(colocated: bool):
-    agent = load_config("pair_tiny").agent("llama_tiny")
+    agent = load_config("pair_tiny_gpt").agent("llama_tiny")
     rollout = dataclasses.replace(agent.rollout, colocated=colocated, gpu_memory_utilization=0.3,
                                   enforce_eager=False,  # CUDA graphs: the production path the refit must keep valid
                                   refit_transport="ipc" if colocated else "rpc")

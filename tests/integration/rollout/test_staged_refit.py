@@ -37,7 +37,7 @@ def staged_refit(run_dir: str, port: int) -> dict | None:
 
     rank_id = dist.get_rank()
     dist.destroy_process_group()  # the rank joins its agent's own world in setup()
-    cfg = load_config("pair_tiny", ["warmstart.enabled=false", "agents.0.max_response_length=16",
+    cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false", "agents.0.max_response_length=16",
                                     "agents.0.optimizer.lr=3e-3", "agents.0.parallel.tp=2",
                                     "agents.0.rollout.tensor_parallel_size=2", "agents.0.rollout.refit_transport=ipc",
                                     f"agents.0.rollout.refit_bucket_mb={BUCKET_MB}"])

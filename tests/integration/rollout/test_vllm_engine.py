@@ -35,7 +35,7 @@ MATCH_TOLERANCE = 1e-3
 
 def _agents() -> dict[str, AgentConfig]:
     agents: dict[str, AgentConfig] = {}
-    for config_name in ("pair_tiny", "trio_tiny"):
+    for config_name in ("pair_tiny_gpt", "trio_tiny"):
         for agent in load_config(config_name).agents:
             agents.setdefault(agent.name, agent)
     return agents

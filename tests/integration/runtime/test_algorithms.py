@@ -1,11 +1,11 @@
 """Every algorithm of the baseline table (algorithm.md §8) and the ablation switches runs through the same loop:
-2 steps of pair_tiny per algorithm, and trio_tiny with HACPO (n = 3). Checks the rollout accounting (HACPO
+2 steps of pair_tiny_gpt per algorithm, and trio_tiny with HACPO (n = 3). Checks the rollout accounting (HACPO
 generates G per prompt per agent and trains on n·G; gspo_x2 generates and trains on 2G; isolated algorithms train
 on their own G), how many rows the loss treats as cross rows (HACPO: the other agents' n−1 groups; naive: none),
 that the own rows' ratio is 1 at the first update (m_old is the trainer's at the sampling weights), that the
 trainer and vLLM agree after every refit, and that every metric is finite.
 
-The baselines share one live pair_tiny run (Ray, trainers and engines start once, ~40 s on 2 cores):
+The baselines share one live pair_tiny_gpt run (Ray, trainers and engines start once, ~40 s on 2 cores):
 each test resolves its algorithm from the config (`algo=<name>`), switches the run to it with
 `HacpoRun.use_algorithm` and runs two steps and an evaluation through `run_step`/`evaluate`, the code
 `train()` runs. trio_tiny goes through `train()` end to end (config → workers → summary)."""
@@ -87,14 +87,14 @@ BASELINES = [
 
 @pytest.fixture(scope="class")
 def live_pair(tmp_path_factory):
-    """One started pair_tiny run (HACPO config, so the workers keep the reference model the KL term needs)."""
+    """One started pair_tiny_gpt run (HACPO config, so the workers keep the reference model the KL term needs)."""
     import ray
 
     from nemo_hacpo.rewards import MathRewardScorer
     from nemo_hacpo.runtime.loop import HacpoRun
 
     out = tmp_path_factory.mktemp("live_pair") / "run"
-    run = HacpoRun(load_config("pair_tiny", [*_tiny("pair_tiny", 2), f"runtime.output_dir={out}",
+    run = HacpoRun(load_config("pair_tiny_gpt", [*_tiny("pair_tiny_gpt", 2), f"runtime.output_dir={out}",
                                              "runtime.steps=10"]))
     try:
         run.start()
@@ -126,7 +126,7 @@ class TestBaselinesOnOneLiveRun:
         "gspo", "gspo_x2", "grpo", "naive", "hacpo-ablations"])
     def test_baselines_and_ablations_run_through_the_loop(self, live_pair, algo, extra, shares, samples, loss_keys):
         run, scorer = live_pair
-        cfg = load_config("pair_tiny", [*_tiny("pair_tiny", 2), f"algo={algo}", *extra])
+        cfg = load_config("pair_tiny_gpt", [*_tiny("pair_tiny_gpt", 2), f"algo={algo}", *extra])
         last = _two_steps(run, scorer, cfg.algo)
         assert run.cfg.algo == cfg.algo and run.broker.algorithm == cfg.algo.algorithm
         _check(last, ["llama_tiny", "gpt_tiny"], shares=shares, samples=samples, loss_keys=loss_keys)

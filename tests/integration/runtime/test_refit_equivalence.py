@@ -1,5 +1,5 @@
 """Refit from the Megatron trainer into vLLM: after a real HACPO update, vLLM scores fixed sequences exactly as
-the trainer does (both pair_tiny architectures), and the update moved them."""
+the trainer does (both pair_tiny_gpt architectures), and the update moved them."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def check_refit(agent_index: int, run_dir: str, port: int) -> dict:
     from nemo_hacpo.training.objective import Objective
 
     dist.destroy_process_group()  # the rank joins its agent's own world in setup()
-    cfg = load_config("pair_tiny", ["warmstart.enabled=false", f"agents.{agent_index}.max_response_length=24",
+    cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false", f"agents.{agent_index}.max_response_length=24",
                                     f"agents.{agent_index}.optimizer.lr=3e-3"])
     agent = cfg.agents[agent_index]
     rank = AgentRank(agent, 0, seed=3, run_dir=run_dir, total_updates=10, keep_reference=False)

@@ -86,8 +86,8 @@ def test_sigkill_mid_step_then_a_damaged_checkpoint_then_resume_equals_uninterru
     reference = tmp_path / "uninterrupted"
     try:
         with caplog.at_level("WARNING", logger="nemo_hacpo.runtime.run_checkpoint"):
-            assert train(load_config("pair_tiny", _overrides(killed, 3))) == 0  # resumes from step 1
-        assert train(load_config("pair_tiny", _overrides(reference, 3))) == 0
+            assert train(load_config("pair_tiny_gpt", _overrides(killed, 3))) == 0  # resumes from step 1
+        assert train(load_config("pair_tiny_gpt", _overrides(reference, 3))) == 0
     finally:
         ray.shutdown()
     assert f"agents/gpt_tiny/{shard.name}: its content does not match the manifest's" in caplog.text
@@ -116,7 +116,7 @@ def test_dead_worker_and_hung_call_stop_the_job_naming_agent_and_rank(tmp_path):
     from nemo_hacpo.runtime.loop import HacpoRun, train
 
     out = tmp_path / "run"
-    run = HacpoRun(load_config("pair_tiny", _overrides(out, 3)))
+    run = HacpoRun(load_config("pair_tiny_gpt", _overrides(out, 3)))
     try:
         run.start()
         with MathRewardScorer(num_workers=0) as scorer:
@@ -142,11 +142,11 @@ def test_dead_worker_and_hung_call_stop_the_job_naming_agent_and_rank(tmp_path):
     assert latest_checkpoint(out).step == 1
 
     # the whole job: a call that cannot finish in time → exit status 1, the checkpoint untouched
-    hung = load_config("pair_tiny", [*_overrides(out, 3), "runtime.call_timeout_s=0.5"])
+    hung = load_config("pair_tiny_gpt", [*_overrides(out, 3), "runtime.call_timeout_s=0.5"])
     try:
         assert train(hung) == 1
         assert latest_checkpoint(out).step == 1
-        assert train(load_config("pair_tiny", _overrides(out, 2))) == 0  # and it resumes from there
+        assert train(load_config("pair_tiny_gpt", _overrides(out, 2))) == 0  # and it resumes from there
     finally:
         ray.shutdown()
     # the hand-driven run logged nothing; the resumed one evaluates where it starts (step 1), then runs step 2

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def _config(out_dir, steps):
-    return load_config("pair_tiny", [
+    return load_config("pair_tiny_gpt", [
         f"runtime.output_dir={out_dir}", f"runtime.steps={steps}", "runtime.checkpoint_interval=1",
         "runtime.eval_interval=0", "runtime.logging=[jsonl]", "warmstart.enabled=false",
         "algo.batch_size=2", "algo.group_size=2", "algo.updates_per_step=2",

@@ -22,7 +22,7 @@ def sft_losses(chunks: list[int], run_dir: str, port: int) -> tuple[list[float],
     from nemo_hacpo.runtime.worker import AgentRank
 
     dist.destroy_process_group()  # the rank joins its agent's own world in setup()
-    cfg = load_config("pair_tiny", ["warmstart.enabled=false", "agents.1.optimizer.lr=1e-3"])
+    cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false", "agents.1.optimizer.lr=1e-3"])
     problems = generate_problems("train", 24, seed=0)
     prompts = [problem_to_messages(p) for p in problems]
     solutions = [p.solution for p in problems]

@@ -99,7 +99,7 @@ class Job:
 
 
 def sbatch(env: dict[str, str], run_dir: Path, *, nodes: int, ray_cpus: int, overrides: Sequence[str],
-           config: str = "pair_tiny", wait: bool, tag: str) -> Job:
+           config: str = "pair_tiny_gpt", wait: bool, tag: str) -> Job:
     """Submit the production script as CI runs it: `nodes` CPU nodes, `config`, outputs in `run_dir`.
 
     `ray_cpus`: Ray CPUs per node (one per agent rank: with 1, Ray places one rank per node). `tag` keeps the

@@ -3,9 +3,9 @@
 name nodek, so a component that advertises loopback to another node fails here as on a real cluster.
 
 With one Ray CPU per node and one CPU per agent rank, Ray's placement puts one rank on each node. Checked:
-- 2 nodes, pair_tiny: the two agents on different nodes; Ray head and worker, the agents' rendezvous and vLLM
+- 2 nodes, pair_tiny_gpt: the two agents on different nodes; Ray head and worker, the agents' rendezvous and vLLM
   on the nodes' own addresses; per-node Ray logs; metrics; nothing left on any node;
-- 3 nodes, pair_tiny with llama_tiny at dp = 2: its ranks on two nodes (its rendezvous and gradient all-reduce
+- 3 nodes, pair_tiny_gpt with llama_tiny at dp = 2: its ranks on two nodes (its rendezvous and gradient all-reduce
   cross the bridge), gpt_tiny on the third;
 - 3 nodes, trio_tiny: one agent per node;
 - node failure: every process of the job on node 2 is SIGKILLed inside step 2; the job ends within a bounded

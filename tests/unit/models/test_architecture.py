@@ -53,7 +53,7 @@ GPT2_SMALL = {
 
 # --------------------------------------------------------------------------------------------- tiny specs
 def test_pair_tiny_agents_map_to_llama_and_gpt2() -> None:
-    llama_agent, gpt_agent = load_config("pair_tiny").agents
+    llama_agent, gpt_agent = load_config("pair_tiny_gpt").agents
     llama = model_arch(llama_agent, tokenizer_vocab=1000)
     assert llama == ModelArch(
         family="llama", num_layers=4, hidden_size=256, num_attention_heads=4, num_query_groups=2, head_dim=64,
@@ -162,7 +162,7 @@ def test_padded_vocab_is_the_next_multiple_of_128_tp(vocab: int, tp: int, padded
 
 # --------------------------------------------------------------------------------------------- TransformerConfig
 def test_cpu_transformer_config_fields() -> None:
-    llama_agent, gpt_agent = load_config("pair_tiny").agents
+    llama_agent, gpt_agent = load_config("pair_tiny_gpt").agents
     llama = transformer_config(model_arch(llama_agent, 1000), ParallelConfig(tp=2, pp=2), PrecisionConfig())
     assert (llama.num_layers, llama.hidden_size, llama.ffn_hidden_size, llama.kv_channels) == (4, 256, 512, 64)
     assert (llama.num_attention_heads, llama.num_query_groups, llama.normalization) == (4, 2, "RMSNorm")

@@ -198,7 +198,7 @@ def test_hf_config_of_the_pair_tiny_agents() -> None:
     from nemo_hacpo.config import load_config
     from nemo_hacpo.models.architecture import model_arch
 
-    llama_tiny, gpt_tiny = (model_arch(agent, tokenizer_vocab=1000) for agent in load_config("pair_tiny").agents)
+    llama_tiny, gpt_tiny = (model_arch(agent, tokenizer_vocab=1000) for agent in load_config("pair_tiny_gpt").agents)
     llama = hf_config(llama_tiny)
     assert (llama.model_type, llama.hidden_size, llama.num_key_value_heads, llama.head_dim) == ("llama", 256, 2, 64)
     assert llama.rope_parameters["rope_theta"] == 10000.0 and llama.rms_norm_eps == 1e-6

@@ -24,7 +24,7 @@ from nemo_hacpo.rollout.settings import (
 
 @pytest.fixture(scope="module")
 def llama_agent():
-    return load_config("pair_tiny").agent("llama_tiny")
+    return load_config("pair_tiny_gpt").agent("llama_tiny")
 
 
 def test_cpu_memory_fraction_hand_computed():

@@ -35,9 +35,9 @@ def large_env(tmp_path, monkeypatch):
 
 
 def test_parameter_counts_match_megatron_models_built_for_pair_tiny():
-    # Counted from the GPTModels that nemo_hacpo.models.architecture builds for pair_tiny (vocab 751 → padded 768):
+    # Counted from the GPTModels that nemo_hacpo.models.architecture builds for pair_tiny_gpt (vocab 751 → padded 768):
     # llama_tiny 2,754,816 and gpt_tiny 957,184 parameters.
-    cfg = load_config()
+    cfg = load_config("pair_tiny_gpt")
     counts = [total_parameters(model_arch(agent, 751)) for agent in cfg.agents]
     assert counts == [2_754_816, 957_184]
     # by hand, llama_tiny: embedding 768·256 = 196,608, output the same (untied);

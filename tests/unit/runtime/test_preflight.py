@@ -23,7 +23,7 @@ def _hf_dir(tmp_path, vocab_size: int):
 def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
     ids = len(load_tokenizer("tiny-bpe"))
     small = _hf_dir(tmp_path, ids - 146)
-    cfg = load_config("pair_tiny", ["agents.0.model.source=hf", f"agents.0.model.path={small}"])
+    cfg = load_config("pair_tiny_gpt", ["agents.0.model.source=hf", f"agents.0.model.path={small}"])
     with pytest.raises(ConfigError) as info:
         check_agents(cfg)
     (issue,) = info.value.issues
@@ -36,7 +36,7 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
 
 
 def test_unknown_tokenizer_sources_and_model_without_a_checkpoint_are_named():
-    cfg = load_config("pair_tiny", ["agents.0.tokenizer.source=nope", "agents.1.tokenizer.source=model"])
+    cfg = load_config("pair_tiny_gpt", ["agents.0.tokenizer.source=nope", "agents.1.tokenizer.source=model"])
     with pytest.raises(ConfigError) as info:
         check_agents(cfg)
     assert [issue.key for issue in info.value.issues] == ["agents[0].tokenizer.source", "agents[1].tokenizer.source"]
@@ -47,7 +47,7 @@ def test_a_tiny_model_without_an_hf_family_is_refused_before_the_warm_start():
     """GPT-2 with RoPE trains in Megatron but has no HF layout (vLLM could not serve it): named at start-up, not
     after minutes of warm start when its checkpoint is exported (measured: that is where it used to fail)."""
     with pytest.raises(ConfigError) as err:
-        check_agents(load_config("pair_tiny", ["agents.1.model.tiny.position_embedding=rope"]))
+        check_agents(load_config("pair_tiny_gpt", ["agents.1.model.tiny.position_embedding=rope"]))
     (issue,) = err.value.issues
     assert issue.key == "agents[1].model.tiny" and "no HF equivalent" in issue.problem
-    check_agents(load_config("pair_tiny"))  # both shipped tiny agents convert
+    check_agents(load_config("pair_tiny_gpt"))  # both shipped tiny agents convert

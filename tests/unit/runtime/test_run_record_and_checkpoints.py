@@ -55,7 +55,7 @@ def _saved(tmp_path, *steps, hashes=True):
 
 # ------------------------------------------------------------------------------------------ the record
 def test_record_round_trips_and_survives_a_full_disk(tmp_path, monkeypatch):
-    cfg = load_config("pair_tiny", [f"runtime.output_dir={tmp_path}"])
+    cfg = load_config("pair_tiny_gpt", [f"runtime.output_dir={tmp_path}"])
     write_record(tmp_path, cfg)
     assert load_run_config(tmp_path) == cfg
     before = (tmp_path / RECORD_FILE).read_bytes()
@@ -64,7 +64,7 @@ def test_record_round_trips_and_survives_a_full_disk(tmp_path, monkeypatch):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", full_disk)
-    other = load_config("pair_tiny", [f"runtime.output_dir={tmp_path}", "runtime.steps=99"])
+    other = load_config("pair_tiny_gpt", [f"runtime.output_dir={tmp_path}", "runtime.steps=99"])
     with pytest.raises(OSError, match="No space left"):
         write_record(tmp_path, other)
     assert (tmp_path / RECORD_FILE).read_bytes() == before  # the old record, whole
@@ -73,8 +73,8 @@ def test_record_round_trips_and_survives_a_full_disk(tmp_path, monkeypatch):
 
 def test_a_resume_that_changes_what_the_checkpoints_hold_is_refused_naming_each_key(tmp_path):
     base = [f"runtime.output_dir={tmp_path}"]
-    write_record(tmp_path, load_config("pair_tiny", base))
-    changed = load_config("pair_tiny", [*base, "agents.0.model.tiny.num_layers=2", "data.train.seed=5",
+    write_record(tmp_path, load_config("pair_tiny_gpt", base))
+    changed = load_config("pair_tiny_gpt", [*base, "agents.0.model.tiny.num_layers=2", "data.train.seed=5",
                                         "algo=gspo", "runtime.steps=20", "agents.1.optimizer.lr=3e-5"])
     with pytest.raises(ConfigError) as info:
         check_resume(tmp_path, changed)
@@ -82,10 +82,10 @@ def test_a_resume_that_changes_what_the_checkpoints_hold_is_refused_naming_each_
     assert keys == ["agents[0].model.tiny.num_layers", "algo.name", "data.train.seed"]
     assert "was made with 4, this start asks for 2" in str(info.value)
     assert "runtime.allow_config_change=true" in str(info.value)
-    allowed = load_config("pair_tiny", [*base, "agents.0.model.tiny.num_layers=2", "runtime.allow_config_change=true"])
+    allowed = load_config("pair_tiny_gpt", [*base, "agents.0.model.tiny.num_layers=2", "runtime.allow_config_change=true"])
     assert set(check_resume(tmp_path, allowed)) == {"agents[0].model.tiny.num_layers", "runtime.allow_config_change"}
     # what may change on resume: steps, learning rates, intervals, layouts — reported, not refused
-    benign = load_config("pair_tiny", [*base, "runtime.steps=20", "agents.1.optimizer.lr=3e-5",
+    benign = load_config("pair_tiny_gpt", [*base, "runtime.steps=20", "agents.1.optimizer.lr=3e-5",
                                        "agents.0.parallel.micro_batch_size=4", "data.on_invalid=skip"])
     assert check_resume(tmp_path, benign) == {"agents[0].parallel.micro_batch_size": (8, 4),
                                               "agents[1].optimizer.lr": (2e-5, 3e-5),
@@ -93,11 +93,11 @@ def test_a_resume_that_changes_what_the_checkpoints_hold_is_refused_naming_each_
 
 
 def test_identity_covers_the_agents_list_and_the_seed():
-    two = load_config("pair_tiny")
+    two = load_config("pair_tiny_gpt")
     three = load_config("trio_tiny")
     blocking = identity_changes(differences(two, three))
     assert "agents" in blocking and blocking["agents"] == (2, 3)
-    seeded = load_config("pair_tiny", ["runtime.seed=3"])
+    seeded = load_config("pair_tiny_gpt", ["runtime.seed=3"])
     assert set(identity_changes(differences(two, seeded))) == {"runtime.seed"}
 
 
@@ -111,7 +111,7 @@ def test_a_moved_model_is_named_as_a_change_not_as_a_broken_record(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     model = ["agents.0.model.source=hf", "agents.0.tokenizer.source=hf"]
-    recorded = load_config("pair_tiny", [f"runtime.output_dir={out}", *model, f"agents.0.model.path={new_dir}"])
+    recorded = load_config("pair_tiny_gpt", [f"runtime.output_dir={out}", *model, f"agents.0.model.path={new_dir}"])
     write_record(out, dataclasses.replace(recorded, agents=[
         dataclasses.replace(recorded.agents[0], model=dataclasses.replace(recorded.agents[0].model, path=str(old_dir))),
         recorded.agents[1]]))  # as if written before the folder moved
@@ -124,11 +124,11 @@ def test_a_moved_model_is_named_as_a_change_not_as_a_broken_record(tmp_path):
 def test_an_unreadable_record_is_named(tmp_path):
     (tmp_path / RECORD_FILE).write_text("agents: [unterminated\n")
     with pytest.raises(ConfigError, match=f"runtime.resume: the run record {tmp_path / RECORD_FILE}"):
-        check_resume(tmp_path, load_config("pair_tiny"))
+        check_resume(tmp_path, load_config("pair_tiny_gpt"))
 
 
 def test_starting_over_moves_the_record_with_the_run(tmp_path):
-    write_record(tmp_path, load_config("pair_tiny"))
+    write_record(tmp_path, load_config("pair_tiny_gpt"))
     _saved(tmp_path, 1)
     moved = archive_previous_run(tmp_path)
     assert (moved / RECORD_FILE).is_file() and (moved / "checkpoints" / "step_000001").is_dir()

@@ -149,7 +149,7 @@ def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path):
 
 
 def test_warm_start_seed_follows_the_agents_place_in_the_config_not_the_cache():
-    pair = load_config()
+    pair = load_config("pair_tiny_gpt")
     assert [warm_start_seed(a, pair) for a in pair.agents] == [pair.warmstart.seed, pair.warmstart.seed + 1000]
     # the same agent at another place starts from another initialisation: another cache entry
     pair_gpt = pair.agents[1]
@@ -159,12 +159,12 @@ def test_warm_start_seed_follows_the_agents_place_in_the_config_not_the_cache():
 
 
 def test_warm_start_key_tracks_what_shapes_the_checkpoint():
-    base = load_config()
+    base = load_config("pair_tiny_gpt")
     key = warm_start_key(base.agents[0], base)
-    assert key == warm_start_key(load_config("pair_tiny", ["agents.0.optimizer.lr=0.5"]).agents[0], base)  # RL lr
-    assert key == warm_start_key(base.agents[0], load_config("pair_tiny", ["warmstart.cache_dir=/elsewhere"]))
-    assert key != warm_start_key(load_config("pair_tiny", ["agents.0.model.tiny.num_layers=2"]).agents[0], base)
-    assert key != warm_start_key(base.agents[0], load_config("pair_tiny", ["warmstart.steps=10"]))
+    assert key == warm_start_key(load_config("pair_tiny_gpt", ["agents.0.optimizer.lr=0.5"]).agents[0], base)  # RL lr
+    assert key == warm_start_key(base.agents[0], load_config("pair_tiny_gpt", ["warmstart.cache_dir=/elsewhere"]))
+    assert key != warm_start_key(load_config("pair_tiny_gpt", ["agents.0.model.tiny.num_layers=2"]).agents[0], base)
+    assert key != warm_start_key(base.agents[0], load_config("pair_tiny_gpt", ["warmstart.steps=10"]))
     assert key != warm_start_key(base.agents[1], base)
 
 
@@ -174,7 +174,7 @@ def test_warm_start_key_follows_the_tokenizer_recipe(monkeypatch, tmp_path):
     import nemo_hacpo.models.tokenizers as tokenizers
 
     monkeypatch.setattr(tokenizers, "default_cache_dir", lambda: tmp_path)
-    base = load_config()
+    base = load_config("pair_tiny_gpt")
     key = warm_start_key(base.agents[0], base)
     assert key == warm_start_key(base.agents[0], base)
     monkeypatch.setattr(tokenizers, "RECIPE_VERSION", tokenizers.RECIPE_VERSION + 1)
@@ -182,13 +182,13 @@ def test_warm_start_key_follows_the_tokenizer_recipe(monkeypatch, tmp_path):
 
 
 def test_dataset_sections(tmp_path):
-    cfg = load_config("pair_tiny", ["data.train.size=30", "data.eval.size=10", "data.eval.limit=4"])
+    cfg = load_config("pair_tiny_gpt", ["data.train.size=30", "data.eval.size=10", "data.eval.limit=4"])
     train, held_out = load_split(cfg.data.train, "train"), load_split(cfg.data.eval, "eval")
     assert len(train) == 30 and len(held_out) == 4
     assert not {p.question for p in train} & {p.question for p in held_out}
     path = tmp_path / "math.jsonl"
     path.write_text("\n".join(json.dumps({"problem": f"{i} + 1?", "solution_answer": str(i + 1)}) for i in range(3)))
-    cfg = load_config("pair_tiny", ["data.train.source=jsonl", f"data.train.path={path}",
+    cfg = load_config("pair_tiny_gpt", ["data.train.source=jsonl", f"data.train.path={path}",
                                     "data.train.question_field=problem", "data.train.answer_field=solution_answer"])
     assert [p.answer for p in load_split(cfg.data.train, "train")] == ["1", "2", "3"]
 
@@ -200,11 +200,11 @@ def test_use_algorithm_guards(tmp_path):
 
     from nemo_hacpo.runtime.loop import HacpoRun
 
-    cfg = load_config("pair_tiny", [f"runtime.output_dir={tmp_path}", "data.train.size=8", "data.eval.size=2"])
+    cfg = load_config("pair_tiny_gpt", [f"runtime.output_dir={tmp_path}", "data.train.size=8", "data.eval.size=2"])
     run = HacpoRun(cfg)
     with pytest.raises(RuntimeError, match="needs a started run"):
         run.use_algorithm(cfg.algo)
-    no_kl = dataclasses.replace(load_config("pair_tiny", ["algo=gspo"]).algo, kl_coef=0.0)
+    no_kl = dataclasses.replace(load_config("pair_tiny_gpt", ["algo=gspo"]).algo, kl_coef=0.0)
     run.groups = {a: SimpleNamespace(keep_reference=False) for a in run.agents}  # workers without a reference
     run.cfg = dataclasses.replace(cfg, algo=no_kl)  # ... as started for gspo without KL
     with pytest.raises(ValueError, match=r"kl_coef=0.001 .* no reference model .*'gspo'"):
@@ -214,7 +214,7 @@ def test_use_algorithm_guards(tmp_path):
     assert not run.broker.algorithm.shares_rollouts and run.cfg.agents == cfg.agents
 
     run.groups = {a: SimpleNamespace(keep_reference=True) for a in run.agents}  # workers that keep a reference
-    x2 = load_config("pair_tiny", ["algo=gspo_x2"]).algo
+    x2 = load_config("pair_tiny_gpt", ["algo=gspo_x2"]).algo
     run.use_algorithm(x2)
     assert (run.broker.algorithm.name, run.samples_per_prompt) == ("gspo_x2", 2 * cfg.algo.group_size)
     run.use_algorithm(cfg.algo)  # back to HACPO: a sharing broker over every agent's tokenizer, same tracker
@@ -234,7 +234,7 @@ def test_rank_zero_listens_on_its_rendezvous_port_from_the_moment_it_names_it(tm
 
     from nemo_hacpo.runtime.worker import AgentRank
 
-    cfg = load_config("pair_tiny", ["warmstart.enabled=false"])
+    cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false"])
     rank = AgentRank(cfg.agents[0], 0, seed=0, run_dir=str(tmp_path), total_updates=1, keep_reference=False,
                      collective_timeout_s=10)
     host, port = rank.address()
@@ -275,11 +275,11 @@ def test_a_prompt_too_long_for_any_agent_stops_the_start_naming_file_and_line(tm
     overrides = [f"runtime.output_dir={tmp_path / 'run'}", "data.train.source=jsonl", f"data.train.path={data}",
                  "data.eval.size=2"]
     with pytest.raises(DataError) as info:
-        HacpoRun(load_config("pair_tiny", overrides))
+        HacpoRun(load_config("pair_tiny_gpt", overrides))
     (issue,) = info.value.issues
     assert issue.key == "data.train" and issue.problem.startswith(f"{data}:4: prompt too long in tokens (llama_tiny: ")
     assert "> 128" in issue.problem
-    run = HacpoRun(load_config("pair_tiny", [*overrides, "data.on_invalid=skip"]))
+    run = HacpoRun(load_config("pair_tiny_gpt", [*overrides, "data.on_invalid=skip"]))
     assert [p.origin for p in run.train_set.problems] == [f"{data}:{line}" for line in (1, 2, 3, 5)]
 
 
@@ -329,7 +329,7 @@ def test_refit_hands_cached_memory_back_before_each_engine_wake(tmp_path, monkey
     monkeypatch.setattr(hf_conversion, "export_hf_weights", weights)
     monkeypatch.setattr(worker.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(worker.torch.cuda, "empty_cache", lambda: events.append("empty_cache"))
-    cfg = load_config("pair_tiny", ["warmstart.enabled=false"])
+    cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false"])
     rank = AgentRank(cfg.agents[0], 0, seed=0, run_dir=str(tmp_path), total_updates=1, keep_reference=False)
     rank.trainer = SimpleNamespace(module=None, model_parallel=None)
     rank.arch, rank.engine = None, Engine()

@@ -96,9 +96,9 @@ def test_a_resubmitted_job_writes_to_the_same_output_dir_and_so_resumes(tmp_path
     checkout = tmp_path / "checkout"  # the submit dir: the default output dir lies under it
     dirs = []
     for job in ("4242", "4243"):
-        done, calls = _run_job(tmp_path / job, output_dir=False, SLURM_JOB_ID=job, CONFIG="pair_tiny",
+        done, calls = _run_job(tmp_path / job, output_dir=False, SLURM_JOB_ID=job, CONFIG="pair_tiny_gpt",
                                SLURM_SUBMIT_DIR=str(checkout))
         assert done.returncode == 0, done.stdout + done.stderr
         driver = next(c for c in calls if any(a.endswith("recipes/train.py") for a in c["argv"]))
         dirs += [a.split("=", 1)[1] for a in driver["argv"] if a.startswith("runtime.output_dir=")]
-    assert dirs == [str(checkout / "outputs" / "pair_tiny")] * 2
+    assert dirs == [str(checkout / "outputs" / "pair_tiny_gpt")] * 2
