@@ -63,7 +63,8 @@ def test_sigkill_mid_step_then_a_damaged_checkpoint_then_resume_equals_uninterru
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     log = tmp_path / "killed.log"  # a file, not a pipe: nobody drains a pipe while the run goes on
     with log.open("wb") as err:
-        proc = subprocess.Popen([sys.executable, str(REPO / "recipes" / "train.py"), *_overrides(killed, 3)],
+        proc = subprocess.Popen([sys.executable, str(REPO / "recipes" / "train.py"), "--config-name", "pair_tiny_gpt",
+                                 *_overrides(killed, 3)],
                                 cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         deadline = time.monotonic() + 600
@@ -191,7 +192,8 @@ def test_sigterm_stops_the_run_and_takes_the_engines_with_it(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     log = tmp_path / "run.log"
     with log.open("wb") as err:
-        proc = subprocess.Popen([sys.executable, str(REPO / "recipes" / "train.py"), *_overrides(out, 3)],
+        proc = subprocess.Popen([sys.executable, str(REPO / "recipes" / "train.py"), "--config-name", "pair_tiny_gpt",
+                                 *_overrides(out, 3)],
                                 cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     engines: dict[int, str] = {}
     try:
