@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CONVENTIONS = ("per_tokenizer", "single_exponent")
 
 
-def _load_agents(cfg):
+def load_agents(cfg):
     """`{agent: (model, tokenizer, AgentConfig)}` from the warm-start (or configured HF) checkpoints."""
     from transformers import AutoModelForCausalLM
 
@@ -108,7 +108,7 @@ def measure(cfg, prompts: int, group: int, seed: int) -> dict:
     from nemo_hacpo.training.loss_metrics import RowOutcome
 
     start = time.perf_counter()
-    agents = _load_agents(cfg)
+    agents = load_agents(cfg)
     names = list(agents)
     problems = load_split(cfg.data.train, "train")
     problems = [problems[i] for i in torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed))[

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ from smollm import SMOLLM_CACHE, SMOLLM_INSTALL, prepare_smollm, smollm_override
 from nemo_hacpo.algo.registry import ALGORITHMS  # noqa: E402
 
 DEFAULT_ALGOS = ("gspo", "gspo_x2", "naive", "hacpo")
-PAIRED = (("hacpo", "gspo_x2"), ("hacpo", "gspo"))
+PAIRED = (("hacpo", "gspo_x2"), ("hacpo", "gspo"), ("hacpo", "naive"), ("gspo_x2", "gspo"))
 RUN_RECORD = "study_run.json"
 PRUNED = ("checkpoints", "engines")
 # Two-sided 95 % quantiles of Student's t, df = 1..30 (df > 30: 1.96).
@@ -131,6 +131,9 @@ class AgentOutcome:
     rollouts_generated: float
     sequences_trained: float
     curve: tuple[tuple[int, float, float], ...]  # (step, rollouts generated so far, held-out accuracy)
+    final_correct: tuple[tuple[str, int], ...] = ()
+    """(problem id, 1 if the final greedy answer is right) per held-out problem, from the run's answer file of its
+    last evaluation (`eval/step_<n>/<agent>__heldout.jsonl`); empty when the run kept none."""
 
 
 def latest_per_step(records: Iterable[Mapping[str, float]]) -> list[dict[str, float]]:
@@ -234,6 +237,71 @@ def paired_rows(results: Sequence[RunResult], pairs: Sequence[tuple[str, str]]) 
     return rows
 
 
+def first_reaching(curve: Sequence[tuple[int, float, float]], threshold: float) -> tuple[int, float] | None:
+    """`(step, rollouts generated)` of the first evaluation with accuracy ≥ `threshold`; None if none reaches it.
+
+    first_reaching([(0, 0, .2), (5, 160, .6), (10, 320, .7)], 0.6) == (5, 160)
+    """
+    return next(((step, rollouts) for step, rollouts, accuracy in curve if accuracy >= threshold), None)
+
+
+def threshold_rows(results: Sequence[RunResult], algos: Sequence[str], threshold: float) -> list[dict[str, object]]:
+    """Per agent × algorithm: how many seeds reach `threshold` held-out accuracy, and the steps and rollouts the
+    agent generated until the first evaluation that does (mean ± std over the seeds that reach it; a seed that never
+    does is counted apart, not averaged in)."""
+    agents = list(dict.fromkeys(a for r in results for a in r.agents))
+    rows = []
+    for agent in agents:
+        for algo in algos:
+            runs = [r for r in results if r.algo == algo and agent in r.agents]
+            if not runs:
+                continue
+            reached = [hit for hit in (first_reaching(r.agents[agent].curve, threshold) for r in runs) if hit]
+            steps, rollouts = mean_std([s for s, _ in reached]), mean_std([x for _, x in reached])
+            rows.append({"agent": agent, "algo": algo, "threshold": threshold, "seeds": len(runs),
+                         "reached": len(reached), "steps_mean": steps[0], "steps_std": steps[1],
+                         "rollouts_mean": rollouts[0], "rollouts_std": rollouts[1]})
+    return rows
+
+
+def pooled_mcnemar_rows(results: Sequence[RunResult], pairs: Sequence[tuple[str, str]]) -> list[dict[str, object]]:
+    """Per agent and pair (a, b): McNemar's exact test of the final greedy answers, pooled over seeds — each seed
+    pairs a's and b's answers to the same held-out problem, and the discordant problems of every seed are counted
+    together (`a_only`: right under a only). Seeds or problems without outcomes on both sides are left out."""
+    from nemo_hacpo.eval.paired import mcnemar_exact
+
+    agents = list(dict.fromkeys(a for r in results for a in r.agents))
+    rows = []
+    for agent in agents:
+        for a, b in pairs:
+            outcomes = {algo: {r.seed: dict(r.agents[agent].final_correct) for r in results
+                               if r.algo == algo and agent in r.agents and r.agents[agent].final_correct}
+                        for algo in (a, b)}
+            seeds = sorted(set(outcomes[a]) & set(outcomes[b]))
+            pairs_ab = [(outcomes[b][s][pid], outcomes[a][s][pid]) for s in seeds
+                        for pid in sorted(set(outcomes[a][s]) & set(outcomes[b][s]))]
+            if not pairs_ab:
+                continue
+            test = mcnemar_exact([x for x, _ in pairs_ab], [y for _, y in pairs_ab])
+            rows.append({"agent": agent, "comparison": f"{a} − {b}", "seeds": len(seeds), "pairs": len(pairs_ab),
+                         "a_only": test.gained, "b_only": test.lost, "p_value": test.p_value})
+    return rows
+
+
+def final_correct(run_dir: str | Path, step: int, agent: str) -> tuple[tuple[str, int], ...]:
+    """`(problem id, greedy right)` of the agent's evaluation at `step` (`eval/step_<n>/<agent>__heldout.jsonl`,
+    written by the training loop); empty if the file is missing."""
+    path = Path(run_dir) / "eval" / f"step_{step:06d}" / f"{agent}__heldout.jsonl"
+    if not path.is_file():
+        return ()
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        greedy = next(r for r in record["responses"] if r["mode"] == "greedy")
+        out.append((record["id"], int(greedy["reward"] > 0)))
+    return tuple(out)
+
+
 def verdict(row: Mapping[str, object]) -> str:
     """One factual sentence about a paired row: the difference, how the seeds split, the paired t-test."""
     n, mean, t = len(row["seeds"]), row["mean"], row["t"]
@@ -260,7 +328,8 @@ def setup_rows(runs: Sequence[PlannedRun]) -> list[dict[str, object]]:
 
 
 def results_markdown(summary: Sequence[Mapping[str, object]], paired: Sequence[Mapping[str, object]],
-                     missing: Sequence[str], command: str, setup: Sequence[Mapping[str, object]] = ()) -> str:
+                     missing: Sequence[str], command: str, setup: Sequence[Mapping[str, object]] = (),
+                     reaching: Sequence[Mapping[str, object]] = (), pooled: Sequence[Mapping[str, object]] = ()) -> str:
     from nemo_hacpo.reporting import markdown_table
 
     table = [{"agent": r["agent"], "algo": r["algo"], "seeds": r["seeds"],
@@ -285,6 +354,20 @@ def results_markdown(summary: Sequence[Mapping[str, object]], paired: Sequence[M
         lines += ["## Paired final-accuracy differences (same seed = same prompts and init)", "",
                   markdown_table(pairs, list(pairs[0])), ""]
         lines += [f"- {verdict(r)}" for r in paired] + [""]
+    if pooled:
+        rows = [{"agent": r["agent"], "comparison": r["comparison"], "seeds": r["seeds"],
+                 "problem pairs": r["pairs"], "right under the first only": r["a_only"],
+                 "right under the second only": r["b_only"], "McNemar p": f"{r['p_value']:.3g}"} for r in pooled]
+        lines += ["## Final greedy answers, McNemar's exact test pooled over seeds", "",
+                  "Each seed pairs the two algorithms' answers to the same held-out problem; the discordant problems "
+                  "of all seeds are counted together.", "", markdown_table(rows, list(rows[0])), ""]
+    if reaching:
+        rows = [{"agent": r["agent"], "algo": r["algo"], "seeds reaching": f"{r['reached']}/{r['seeds']}",
+                 "steps to reach": format_pm(r["steps_mean"], r["steps_std"], 1),
+                 "rollouts generated to reach": format_pm(r["rollouts_mean"], r["rollouts_std"], 0)} for r in reaching]
+        lines += [f"## Sample efficiency: rollouts until held-out accuracy ≥ {reaching[0]['threshold']:g}", "",
+                  "At the first evaluation reaching the threshold (mean ± std over the seeds that reach it).", "",
+                  markdown_table(rows, list(rows[0])), ""]
     if missing:
         lines += ["## Runs not finished (left out)", "", *[f"- {m}" for m in missing], ""]
     lines += ["![accuracy vs rollouts](accuracy_vs_rollouts.png)", ""]
@@ -436,13 +519,16 @@ def collect(runs: Sequence[PlannedRun]) -> tuple[list[RunResult], list[str]]:
                            f"(status {record.get('status', 'not started')}; see {run.run_dir}/train.log)")
             continue
         wall = float(record.get("wall_s", records[-1]["time"] - records[0]["time"]))
-        results.append(RunResult(run.algo, run.seed, run.steps, run.updates_per_step, wall,
-                                 {a: agent_outcome(records, a) for a in agents_in(records)}))
+        outcomes = {a: agent_outcome(records, a) for a in agents_in(records)}
+        outcomes = {a: replace(o, final_correct=final_correct(run.run_dir, o.curve[-1][0], a)) for a, o in outcomes.items()}
+        results.append(RunResult(run.algo, run.seed, run.steps, run.updates_per_step, wall, outcomes))
     return results, missing
 
 
-def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path, command: str) -> str:
-    """Write results.md / .csv / .json and accuracy_vs_rollouts.png from the runs' metrics; returns the markdown."""
+def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path, command: str,
+              threshold: float | None = None) -> str:
+    """Write results.md / .csv / .json and accuracy_vs_rollouts.png from the runs' metrics; returns the markdown.
+    With `threshold`: also the steps and rollouts each algorithm needs to reach that held-out accuracy."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     runs = sorted(runs, key=lambda r: (list(algos).index(r.algo) if r.algo in algos else len(algos), r.seed))
@@ -454,11 +540,14 @@ def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path,
     bands = {agent: {algo: band([r.agents[agent].curve for r in results if r.algo == algo and agent in r.agents])
                      for algo in algos} for agent in agents}
     setup = setup_rows(runs)
-    markdown = results_markdown(summary, paired, missing, command, setup)
+    reaching = threshold_rows(results, algos, threshold) if threshold is not None else []
+    pooled = pooled_mcnemar_rows(results, pairs)
+    markdown = results_markdown(summary, paired, missing, command, setup, reaching, pooled)
     (out / "results.md").write_text(markdown, encoding="utf-8")
     write_csv(summary, out / "results.csv")
     (out / "results.json").write_text(json.dumps(finite_or_none({
         "command": command, "setup": setup, "summary": summary, "paired": paired, "missing": missing, "bands": bands,
+        "threshold": reaching, "pooled_mcnemar": pooled,
         "runs": [{"algo": r.algo, "seed": r.seed, "steps": r.steps, "updates_per_step": r.updates_per_step,
                   "wall_s": r.wall_s, "agents": {a: asdict(o) for a, o in r.agents.items()}} for r in results],
     }), indent=1), encoding="utf-8")
@@ -484,6 +573,8 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--group-size", type=int, default=None, help="G (default: the config's)")
     parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (arithmetic eval split)")
     parser.add_argument("--out", default="benchmarks/results/sample_efficiency_pair_tiny")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="held-out accuracy whose first crossing is reported (steps and rollouts to reach it)")
     parser.add_argument("--aggregate-only", action="store_true", help="rebuild tables and plot from existing runs")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="keep each finished run's checkpoints/ and engines/ (default: deleted, they are large)")
@@ -547,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"    {record['status']} (rc {record['rc']}) in {record['wall_s'] / 60:.1f} min", flush=True)
     recorded = out / "command.txt"
     study_command = recorded.read_text(encoding="utf-8").strip() if recorded.is_file() else command
-    print(aggregate(runs, args.algos, out, study_command))
+    print(aggregate(runs, args.algos, out, study_command, args.threshold))
     return 0
 
 

@@ -2,6 +2,7 @@
 
     markdown_table(rows, ["agent", "accuracy"])                 # floats to 3 decimals
     write_curves("metrics.jsonl", "reward.png", ["*/reward_mean"])   # one line per matching metric
+    write_curves("metrics.jsonl", "reward.png", ["*/reward_mean"], smooth=5)   # points + a 5-step mean
     format_duration(75.0)                                         # "1:15"
     plt = pyplot(); fig, ax = plt.subplots(); ...; save_figure(fig, "plot.png")   # Agg backend, 120-dpi PNG
 
@@ -54,9 +55,24 @@ def select_series(records: Iterable[Mapping[str, float]], patterns: Sequence[str
     return series
 
 
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    """Trailing mean over the last `window` values (fewer at the start): `[1, 2, 3, 4]`, window 2 →
+    `[1, 1.5, 2.5, 3.5]`."""
+    if window < 1:
+        raise ValueError(f"window must be ≥ 1, got {window}")
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def write_curves(metrics_path: str | Path, plot_path: str | Path, patterns: Sequence[str],
-                 title: str = "", ylabel: str = "") -> Path:
-    """Plot every metric matching `patterns` against the step (PNG, matplotlib's Agg backend)."""
+                 title: str = "", ylabel: str = "", smooth: int = 1) -> Path:
+    """Plot every metric matching `patterns` against the step (PNG, matplotlib's Agg backend). With `smooth` > 1
+    each metric's points are drawn faintly and its trailing `moving_average` over `smooth` steps as the line."""
     plt = pyplot()
     series = select_series(read_metrics(metrics_path), patterns)
     if not series:
@@ -64,7 +80,12 @@ def write_curves(metrics_path: str | Path, plot_path: str | Path, patterns: Sequ
     fig, ax = plt.subplots(figsize=(7, 4))
     for key, points in sorted(series.items()):
         steps, values = zip(*points, strict=True)
-        ax.plot(steps, values, marker="o", markersize=3, label=key)
+        if smooth > 1:
+            raw = ax.plot(steps, values, marker="o", markersize=2, linewidth=0.8, alpha=0.35)[0]
+            ax.plot(steps, moving_average(values, smooth), color=raw.get_color(),
+                    label=f"{key} (mean of {smooth} steps)")
+        else:
+            ax.plot(steps, values, marker="o", markersize=3, label=key)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel or ", ".join(patterns))
     ax.set_title(title)

@@ -19,6 +19,7 @@ from nemo_hacpo.config.schema import (
     AblationConfig,
     AgentConfig,
     AlgoConfig,
+    ArithmeticNumbers,
     ClusterConfig,
     DataConfig,
     DatasetConfig,
@@ -37,7 +38,7 @@ from nemo_hacpo.config.schema import (
 from nemo_hacpo.config.typed import ConfigError, ConfigIssue
 
 __all__ = [
-    "CONF_DIR", "AblationConfig", "AgentConfig", "AlgoConfig", "ClusterConfig", "ConfigError", "ConfigIssue",
+    "CONF_DIR", "AblationConfig", "AgentConfig", "AlgoConfig", "ArithmeticNumbers", "ClusterConfig", "ConfigError", "ConfigIssue",
     "DataConfig", "DatasetConfig", "HacpoConfig", "ModelSource", "OptimizerConfig", "ParallelConfig",
     "PrecisionConfig", "RewardConfig", "RolloutConfig", "RuntimeConfig", "TinyModelSpec", "TokenizerConfig",
     "WarmStartConfig", "compose", "describe", "dump_config", "load_config", "load_run_config", "validate",

@@ -269,6 +269,10 @@ def validate(raw: Any) -> HacpoConfig:
     _check_runtime(cfg.runtime, issues)
     if cfg.warmstart.enabled and (cfg.warmstart.steps < 1 or cfg.warmstart.batch_size < 1 or cfg.warmstart.lr <= 0):
         issues.append(ConfigIssue("warmstart", "steps and batch_size must be ≥ 1 and lr > 0", "fix the warm start"))
+    if not 0.0 <= cfg.warmstart.direct_answer_fraction <= 1.0:
+        issues.append(ConfigIssue("warmstart.direct_answer_fraction",
+                                  f"must lie in [0, 1], got {cfg.warmstart.direct_answer_fraction}",
+                                  "use e.g. 0.6 (60 % of warm-start solutions answer-only)"))
     if cfg.reward.timeout_s <= 0:
         issues.append(ConfigIssue("reward.timeout_s", "must be > 0", "use e.g. 5.0"))
     if cfg.reward.num_workers < 0:
@@ -286,9 +290,12 @@ def validate(raw: Any) -> HacpoConfig:
                                       "null uses every problem; e.g. 100 keeps the first 100"))
         if ds.source == "arithmetic" and ds.size < 1:
             issues.append(ConfigIssue(f"data.{split}.size", f"must be ≥ 1, got {ds.size}", "use e.g. 2000"))
-        if ds.source == "arithmetic" and (not ds.levels or any(lv not in (1, 2, 3) for lv in ds.levels)):
-            issues.append(ConfigIssue(f"data.{split}.levels", f"levels {list(ds.levels)} must be a non-empty subset of 1..3",
+        if ds.source == "arithmetic" and (not ds.levels or any(lv not in (1, 2, 3, 4) for lv in ds.levels)):
+            issues.append(ConfigIssue(f"data.{split}.levels", f"levels {list(ds.levels)} must be a non-empty subset of 1..4",
                                       "use e.g. [1, 2, 3]"))
+        if ds.source == "arithmetic":
+            issues += [ConfigIssue(f"data.{split}.numbers", problem, "widen the range (defaults: ArithmeticNumbers)")
+                       for problem in ds.numbers.problems()]
     if issues:
         raise ConfigError(issues)
     return cfg

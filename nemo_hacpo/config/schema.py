@@ -290,6 +290,36 @@ class AlgoConfig:
 
 # ------------------------------------------------------------------------------------ data and reward
 @dataclass(frozen=True)
+class ArithmeticNumbers:
+    """The number ranges of generated arithmetic problems: which facts (`a <op> b = c`) a worked solution needs.
+
+    The defaults are the original task (values up to 100, products up to 5×); smaller ranges give a task whose
+    facts a tiny model learns in its warm start (`data/arithmetic.py`)."""
+
+    max_value: int = 100
+    """The start value, every intermediate value and the answer lie in [2, max_value]."""
+    max_start: int = 20
+    """The start value lies in [2, max_start]."""
+    max_addend: int = 20
+    """`+` operands lie in [2, max_addend]."""
+    max_subtrahend: int = 100
+    """`-` operands lie in [2, max_subtrahend] (and leave at least 2)."""
+    max_factor: int = 5
+    """`*` operands lie in [2, max_factor]."""
+    max_divisor: int = 10
+    """`/` operands lie in [2, max_divisor] (exact division, a quotient of at least 2)."""
+
+    def problems(self) -> list[str]:
+        """What makes these ranges unusable, each naming its field (empty when every story can go on: every range
+        holds an operand ≥ 2, and with max_value ≥ 5 every value in [2, max_value] admits a `+` or a `-`)."""
+        found = [f"{name}={getattr(self, name)} must be ≥ 2" for name in
+                 ("max_start", "max_addend", "max_subtrahend", "max_factor", "max_divisor") if getattr(self, name) < 2]
+        if self.max_value < max(self.max_start, 5):
+            found.append(f"max_value={self.max_value} must be ≥ max_start ({self.max_start}) and ≥ 5")
+        return found
+
+
+@dataclass(frozen=True)
 class DatasetConfig:
     """One prompt source."""
 
@@ -306,7 +336,9 @@ class DatasetConfig:
     seed: int = 0
     """Generator seed (arithmetic; train and eval splits are disjoint by construction)."""
     levels: tuple[int, ...] = (1, 2, 3)
-    """Difficulty levels (number of operations) to generate."""
+    """Difficulty levels (number of operations, 1..4) to generate."""
+    numbers: ArithmeticNumbers = field(default_factory=ArithmeticNumbers)
+    """Number ranges of the generated problems (arithmetic)."""
     limit: int | None = None
     """Use at most this many problems (null = all)."""
 
@@ -356,7 +388,12 @@ class WarmStartConfig:
     lr: float = 1e-3
     """Learning rate of the warm start (replaces the agent's RL learning rate)."""
     num_problems: int = 4000
-    """Generated training problems with worked solutions to draw from."""
+    """Generated training problems with worked solutions to draw from (levels and number ranges of `data.train`
+    when it is generated arithmetic, else the generator's defaults)."""
+    direct_answer_fraction: float = 0.0
+    """Share of those problems whose solution is written answer-only (`The answer is \\boxed{N}`, no steps): the
+    warm-started policy then answers some problems directly and works the others out, and RL can discover which
+    of the two earns more reward (README, "the task")."""
     seed: int = 0
     """Problem generation and sampling seed."""
     cache_dir: str = "~/.cache/nemo_hacpo/warmstart"

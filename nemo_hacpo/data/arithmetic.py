@@ -2,8 +2,9 @@
 
 A problem is a short story: a person starts with ``a`` objects and then ``level`` operations happen to
 them (buy more: ``+``, give away: ``-``, end up with k times as many: ``*``, split into k equal groups
-and keep one: exact ``/``). Every value along the way is an integer in ``[2, MAX_VALUE]``, so tiny
-models can learn the task. Example (level 1)::
+and keep one: exact ``/``). Every value along the way is an integer in ``[2, numbers.max_value]``, and each
+operand lies in its operation's range (:class:`~nemo_hacpo.config.ArithmeticNumbers`; the defaults: values up
+to 100, ``+`` up to 20, ``*`` up to 5, ``/`` up to 10), so tiny models can learn the task. Example (level 1)::
 
     Tom has 3 apples and buys 4 more. How many apples does Tom have now?
     solution: "Tom starts with 3 apples.\\n3 + 4 = 7\\nThe answer is \\boxed{7}"
@@ -26,14 +27,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from nemo_hacpo.config import ArithmeticNumbers
 from nemo_hacpo.data.problem import MathProblem
 
 Split = Literal["train", "eval"]
 
-MAX_VALUE = 100
-"""Upper bound for the start value, every intermediate value and the answer."""
+MAX_VALUE = ArithmeticNumbers().max_value
+"""Default upper bound for the start value, every intermediate value and the answer."""
 
-LEVELS: tuple[int, ...] = (1, 2, 3)
+LEVELS: tuple[int, ...] = (1, 2, 3, 4)
 """Supported difficulty levels (= number of operations)."""
 
 DEFAULT_SEEDS: dict[str, int] = {"train": 20240601, "eval": 20240602}
@@ -132,27 +134,28 @@ def apply_operation(operation: str, value: int, operand: int) -> int:
     raise ValueError(f"unknown operation {operation!r}; expected one of {OPERATIONS}")
 
 
-def _feasible_operands(operation: str, value: int) -> list[int]:
-    """Operands that keep the result an integer in ``[2, MAX_VALUE]`` (and the story sensible).
+def _feasible_operands(operation: str, value: int, numbers: ArithmeticNumbers = ArithmeticNumbers()) -> list[int]:
+    """Operands in the operation's range that keep the result an integer in ``[2, numbers.max_value]`` (and the
+    story sensible).
 
     Results of 0 or 1 are excluded so that no single answer dominates the data set.
     """
     if operation == "+":
-        return list(range(2, min(20, MAX_VALUE - value) + 1))
+        return list(range(2, min(numbers.max_addend, numbers.max_value - value) + 1))
     if operation == "-":
-        return list(range(2, value - 1))  # at least two objects left
+        return list(range(2, min(numbers.max_subtrahend, value - 2) + 1))  # at least two objects left
     if operation == "*":
-        return [k for k in range(2, 6) if value * k <= MAX_VALUE]
+        return [k for k in range(2, numbers.max_factor + 1) if value * k <= numbers.max_value]
     if operation == "/":
-        return [k for k in range(2, 11) if value % k == 0 and value // k >= 2]
+        return [k for k in range(2, numbers.max_divisor + 1) if value % k == 0 and value // k >= 2]
     raise ValueError(f"unknown operation {operation!r}")
 
 
-def _sample_steps(rng: random.Random, start: int, level: int) -> list[Step]:
+def _sample_steps(rng: random.Random, start: int, level: int, numbers: ArithmeticNumbers) -> list[Step]:
     steps: list[Step] = []
     value = start
     for _ in range(level):
-        choices = [(op, _feasible_operands(op, value)) for op in OPERATIONS]
+        choices = [(op, _feasible_operands(op, value, numbers)) for op in OPERATIONS]
         choices = [(op, operands) for op, operands in choices if operands]
         operation, operands = rng.choice(choices)
         operand = rng.choice(operands)
@@ -171,13 +174,13 @@ def _expression(start: int, steps: Sequence[Step]) -> str:
     return expression
 
 
-def _sample_problem(rng: random.Random, level: int) -> tuple[str, str, str, str]:
+def _sample_problem(rng: random.Random, level: int, numbers: ArithmeticNumbers) -> tuple[str, str, str, str]:
     """Return ``(question, answer, solution, expression)`` for one random problem of ``level`` steps."""
     name, pronoun, possessive = rng.choice(PEOPLE)
     friend = rng.choice([person[0] for person in PEOPLE if person[0] != name])
     obj = rng.choice(OBJECTS)
-    start = rng.randint(2, 20)
-    steps = _sample_steps(rng, start, level)
+    start = rng.randint(2, numbers.max_start)
+    steps = _sample_steps(rng, start, level, numbers)
 
     def clause(step: Step) -> str:
         template = rng.choice(STEP_TEMPLATES[step.operation])
@@ -204,7 +207,8 @@ def generate_problems(
     num_problems: int,
     *,
     seed: int | None = None,
-    levels: Sequence[int] = LEVELS,
+    levels: Sequence[int] = (1, 2, 3),
+    numbers: ArithmeticNumbers = ArithmeticNumbers(),
 ) -> list[MathProblem]:
     """Generate ``num_problems`` distinct problems of ``split``.
 
@@ -212,7 +216,8 @@ def generate_problems(
         split: ``"train"`` or ``"eval"``; only questions with ``split_of_question(q) == split`` are kept.
         num_problems: how many problems to return.
         seed: RNG seed (``DEFAULT_SEEDS[split]`` when ``None``); the stream is ``Random(sha256(split, seed))``.
-        levels: levels to draw from, uniformly per problem.
+        levels: levels to draw from, uniformly per problem (a subset of :data:`LEVELS`).
+        numbers: the number ranges (the defaults: the original task).
 
     Returns:
         ``num_problems`` records with ids ``f"arith-{split}-{i:06d}"``, distinct question texts,
@@ -225,6 +230,8 @@ def generate_problems(
     bad_levels = [level for level in levels if level not in LEVELS]
     if not levels or bad_levels:
         raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {list(levels)}")
+    if numbers.problems():
+        raise ValueError(f"number ranges {numbers}: {'; '.join(numbers.problems())}")
     rng = random.Random(derive_seed("arithmetic", split, DEFAULT_SEEDS[split] if seed is None else seed))
     problems: list[MathProblem] = []
     seen_questions: set[str] = set()
@@ -234,7 +241,7 @@ def generate_problems(
         if attempts > max_attempts:
             raise RuntimeError(f"could not generate {num_problems} distinct {split} problems for levels {levels}")
         level = rng.choice(list(levels))
-        question, answer, solution, expression = _sample_problem(rng, level)
+        question, answer, solution, expression = _sample_problem(rng, level, numbers)
         if question in seen_questions or split_of_question(question) != split:
             continue
         seen_questions.add(question)
@@ -250,6 +257,12 @@ def generate_problems(
             )
         )
     return problems
+
+
+def direct_answer(problem: MathProblem) -> str:
+    """The answer-only form of a generated problem's solution: its last line, ``The answer is \\boxed{N}``, with no
+    worked steps before it (the other style of the warm-start corpus, `warmstart.direct_answer_fraction`)."""
+    return f"The answer is \\boxed{{{problem.answer}}}"
 
 
 # ------------------------------------------------------------------------------------------ error analysis

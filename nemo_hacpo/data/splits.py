@@ -14,7 +14,8 @@ def load_split(ds: DatasetConfig, split: str, on_invalid: Policy = "error") -> l
 
     `arithmetic` draws from its own disjoint split of the generator."""
     if ds.source == "arithmetic":
-        problems = generate_problems("train" if split == "train" else "eval", ds.size, seed=ds.seed, levels=ds.levels)
+        problems = generate_problems("train" if split == "train" else "eval", ds.size, seed=ds.seed, levels=ds.levels,
+                                     numbers=ds.numbers)
     elif ds.source in ("jsonl", "parquet"):
         problems = load_problems(ds.path, question_field=ds.question_field, answer_field=ds.answer_field,
                                  file_format="json" if ds.source == "jsonl" else "parquet", on_invalid=on_invalid,

@@ -47,6 +47,8 @@ from nemo_hacpo.runtime.worker import OldLogprobs
 from nemo_hacpo.training.objective import Objective
 
 logger = logging.getLogger(__name__)
+REWARD_SMOOTHING = 5
+"""Steps in the moving average drawn over the training reward and response length per step."""
 
 
 def batch_group_ids(problems: list[MathProblem]) -> list[str]:
@@ -268,8 +270,10 @@ class HacpoRun:
 
     # ----------------------------------------------------------------------------------------------- run
     def evaluate(self, scorer) -> dict[str, float]:
-        """Held-out greedy accuracy (`<agent>/eval_accuracy`) and, with runtime.eval_samples, avg@n / pass@k."""
-        results = evaluate_agents(self.groups, self.eval_problems, self.cfg, scorer, self.step)
+        """Held-out greedy accuracy (`<agent>/eval_accuracy`) and, with runtime.eval_samples, avg@n / pass@k; every
+        problem's responses and rewards in `<output_dir>/eval/step_<n>/<agent>__heldout.jsonl`."""
+        results = evaluate_agents(self.groups, self.eval_problems, self.cfg, scorer, self.step,
+                                  answers_dir=self.out_dir / "eval" / f"step_{self.step:06d}")
         correct = {a: list(r.pop("correct")) for a, r in results.items()}
         record: dict[str, Any] = {"step": self.step, **{a: r["accuracy"] for a, r in results.items()},
                                   "correct": correct}
@@ -295,7 +299,8 @@ class HacpoRun:
             logger.info("metrics.jsonl: dropped %d record(s) logged after step %d by the interrupted run", dropped, self.step)
         with MathRewardScorer.from_config(cfg.reward) as scorer, \
                 MetricsLogger(self.out_dir, sinks, total_steps=cfg.runtime.steps, start_step=self.step,
-                              console_keys=("*/reward_mean", "*/eval_accuracy", "*/omega/*", "*/from/*/grad_frac"),
+                              console_keys=("*/reward_mean", "*/response_length_mean", "*/eval_accuracy", "*/eval/avg@*",
+                                            "*/omega/*", "*/from/*/grad_frac"),
                               wandb_project=cfg.runtime.wandb_project, wandb_run_name=cfg.runtime.wandb_run_name,
                               run_config=dataclasses.asdict(cfg) if "wandb" in sinks else None) as log:
             if not self.eval_history:
@@ -358,12 +363,17 @@ class HacpoRun:
                             title=f"{self.cfg.algo.name}: cross path per direction", clip_lower=1 - self.cfg.algo.delta)
         (self.out_dir / "summary.md").write_text(f"# {self.cfg.algo.name}: {self.step} steps\n\n{table}\n")
         if metrics_file.is_file():
-            write_curves(metrics_file, self.out_dir / "reward_curve.png", ["*/reward_mean"],
-                         title=f"{self.cfg.algo.name}: training reward", ylabel="mean reward")
-            write_curves(metrics_file, self.out_dir / "eval_accuracy.png", ["*/eval_accuracy"],
-                         title=f"{self.cfg.algo.name}: held-out accuracy (greedy)", ylabel="accuracy")
+            name = self.cfg.algo.name
+            write_curves(metrics_file, self.out_dir / "reward_curve.png", ["*/reward_mean"], smooth=REWARD_SMOOTHING,
+                         title=f"{name}: training reward", ylabel="mean reward")
+            write_curves(metrics_file, self.out_dir / "eval_accuracy.png", ["*/eval_accuracy", "*/eval/avg@*"],
+                         title=f"{name}: held-out accuracy (greedy; avg@n sampled)", ylabel="accuracy")
+            write_curves(metrics_file, self.out_dir / "response_length.png", ["*/response_length_mean"],
+                         smooth=REWARD_SMOOTHING, title=f"{name}: mean response length (training samples)",
+                         ylabel="tokens")
         print(table)
-        print(f"outputs: {self.out_dir} (summary.md, metrics.jsonl, reward_curve.png, eval_accuracy.png"
+        print(f"outputs: {self.out_dir} (summary.md, metrics.jsonl, reward_curve.png, eval_accuracy.png, "
+              "response_length.png, eval/step_<n>/<agent>__heldout.jsonl"
               + (", cross_path.png" if directions else "")
               + (", hf/<agent>)" if self.cfg.runtime.save_hf else ")"))
         return table

@@ -14,14 +14,15 @@ import dataclasses
 import hashlib
 import json
 import logging
+import random
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from nemo_hacpo.config import AgentConfig, HacpoConfig
+from nemo_hacpo.config import AgentConfig, ArithmeticNumbers, HacpoConfig
 from nemo_hacpo.data import problem_to_messages
-from nemo_hacpo.data.arithmetic import generate_problems
+from nemo_hacpo.data.arithmetic import derive_seed, direct_answer, generate_problems
 from nemo_hacpo.models.chat import render_prompt_ids
 from nemo_hacpo.reporting import format_duration
 
@@ -68,8 +69,13 @@ def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
                "warmstart": dataclasses.asdict(cfg.warmstart), "system_prompt": cfg.data.system_prompt,
                "tokenizer_files": _tokenizer_fingerprint(agent), "init_seed": warm_start_seed(agent, cfg),
                "version": 2}  # 2: one-pass sft objective
+    levels, numbers = warm_start_task(cfg)
+    if (tuple(levels), numbers) != ((1, 2, 3), ArithmeticNumbers()):  # the original task keeps its cached keys
+        shaping["task"] = {"levels": list(levels), "numbers": dataclasses.asdict(numbers)}
     for unused in ("cache_dir", "progress_interval"):  # where it is kept and how it reports do not shape it
         shaping["warmstart"].pop(unused)
+    if not cfg.warmstart.direct_answer_fraction:  # added later: all-worked warm starts keep their cached keys
+        shaping["warmstart"].pop("direct_answer_fraction")
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -92,7 +98,7 @@ def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
             todo.append((agent, target))
     if not todo:
         return done
-    prompts, solutions = _worked_solutions(cfg)
+    prompts, solutions = warm_start_corpus(cfg)
     groups = []
     try:
         groups = _sft_groups(cfg, [agent for agent, _ in todo])
@@ -130,10 +136,23 @@ def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
     return done
 
 
-def _worked_solutions(cfg: HacpoConfig) -> tuple[list, list[str]]:
-    problems = generate_problems("train", cfg.warmstart.num_problems, seed=cfg.warmstart.seed)
+def warm_start_task(cfg: HacpoConfig) -> tuple[tuple[int, ...], ArithmeticNumbers]:
+    """The levels and number ranges the warm start's problems are drawn from: `data.train`'s when it is generated
+    arithmetic (the agents learn the task they are trained on), else the generator's defaults."""
+    train = cfg.data.train
+    return (train.levels, train.numbers) if train.source == "arithmetic" else ((1, 2, 3), ArithmeticNumbers())
+
+
+def warm_start_corpus(cfg: HacpoConfig) -> tuple[list, list[str]]:
+    """`(prompts, solutions)` of the warm start: `warmstart.num_problems` generated training problems, a seeded
+    `warmstart.direct_answer_fraction` of them answered directly (`The answer is \\boxed{N}`), the others worked."""
+    ws = cfg.warmstart
+    levels, numbers = warm_start_task(cfg)
+    problems = generate_problems("train", ws.num_problems, seed=ws.seed, levels=levels, numbers=numbers)
+    direct = set(random.Random(derive_seed("direct-answer", ws.seed)).sample(
+        range(len(problems)), round(ws.direct_answer_fraction * len(problems))))
     prompts = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
-    return prompts, [p.solution for p in problems]
+    return prompts, [direct_answer(p) if i in direct else p.solution for i, p in enumerate(problems)]
 
 
 def _sft_groups(cfg: HacpoConfig, agents: list[AgentConfig]) -> list:
@@ -171,7 +190,7 @@ def warm_start_probe(cfg: HacpoConfig, steps: int) -> dict[str, list[float]]:
         return {}
     ws = cfg.warmstart
     steps = min(steps, ws.steps)
-    prompts, solutions = _worked_solutions(cfg)
+    prompts, solutions = warm_start_corpus(cfg)
     groups = _sft_groups(cfg, agents)
     try:
         pending = [group.sft(prompts, solutions, steps, ws.batch_size, ws.seed, 0) for group in groups]

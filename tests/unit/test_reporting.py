@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from nemo_hacpo.reporting import format_duration, markdown_table, read_metrics, select_series, write_curves
+from nemo_hacpo.reporting import (
+    format_duration,
+    markdown_table,
+    moving_average,
+    read_metrics,
+    select_series,
+    write_curves,
+)
 
 
 def test_curves_table_and_series(tmp_path):
@@ -25,3 +32,21 @@ def test_curves_table_and_series(tmp_path):
 
 def test_format_duration():
     assert format_duration(59.6) == "1:00" and format_duration(3725) == "1:02:05" and format_duration(float("nan")) == "?"
+
+
+def test_moving_average_is_the_trailing_mean():
+    assert moving_average([1.0, 2.0, 3.0, 4.0], 2) == [1.0, 1.5, 2.5, 3.5]
+    assert moving_average([0.0, 1.0, 0.0, 1.0, 1.0], 3) == pytest.approx([0.0, 0.5, 1 / 3, 2 / 3, 2 / 3])
+    assert moving_average([5.0, 7.0], 1) == [5.0, 7.0] and moving_average([], 4) == []
+    with pytest.raises(ValueError, match="window"):
+        moving_average([1.0], 0)
+
+
+def test_smoothed_curves_draw_points_and_their_mean(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("\n".join(json.dumps({"step": s, "time": 0, "a/reward_mean": s % 2}) for s in range(1, 11)))
+    plain = write_curves(path, tmp_path / "plain.png", ["*/reward_mean"])
+    smooth = write_curves(path, tmp_path / "smooth.png", ["*/reward_mean"], smooth=4)
+    assert Image.open(plain).size == Image.open(smooth).size and plain.read_bytes() != smooth.read_bytes()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import operator
 import os
@@ -13,6 +14,7 @@ from fractions import Fraction
 
 import pytest
 
+from nemo_hacpo.config import ArithmeticNumbers
 from nemo_hacpo.data.arithmetic import (
     DEFAULT_SEEDS,
     ERROR_KINDS,
@@ -20,6 +22,7 @@ from nemo_hacpo.data.arithmetic import (
     apply_operation,
     classify_response,
     derive_seed,
+    direct_answer,
     generate_problems,
     split_of_question,
 )
@@ -128,7 +131,9 @@ def test_requested_levels_only():
     problems = generate_problems("train", 100, levels=(2,))
     assert {p.level for p in problems} == {2}
     with pytest.raises(ValueError, match="levels"):
-        generate_problems("train", 10, levels=(4,))
+        generate_problems("train", 10, levels=(5,))
+    four = generate_problems("eval", 20, levels=(4,))  # the held-out tail: one operation more than training's
+    assert {p.level for p in four} == {4} and all(p.solution.count(" = ") == 4 for p in four)
 
 
 def test_answers_match_an_independent_evaluation(train_problems, eval_problems):
@@ -207,3 +212,51 @@ def test_classify_response_on_generated_problems_and_bad_solutions():
     assert classify_response("Ana starts with 12 beads.\n12 / 4 = 3\nThe answer is \\boxed{3}", division) == "operand"
     with pytest.raises(ValueError, match="not a generated arithmetic solution"):
         classify_response("The answer is 3", "\\boxed{3}")
+
+
+SMALL = ArithmeticNumbers(max_value=20, max_start=9, max_addend=9, max_subtrahend=9, max_factor=3, max_divisor=3)
+
+
+def test_number_ranges_bound_every_operand_and_value():
+    problems = generate_problems("train", 2000, levels=(1, 2, 3), numbers=SMALL)
+    bounds = {"+": SMALL.max_addend, "-": SMALL.max_subtrahend, "*": SMALL.max_factor, "/": SMALL.max_divisor}
+    seen = set()
+    for problem in problems:
+        lines = problem.solution.split("\n")
+        start = int(re.search(r"starts with (\d+)", lines[0])[1])
+        assert 2 <= start <= SMALL.max_start
+        for line in lines[1:-1]:
+            left, op, right, result = re.fullmatch(r"(\d+) ([-+*/]) (\d+) = (\d+)", line).groups()
+            assert 2 <= int(right) <= bounds[op] and 2 <= int(result) <= SMALL.max_value, line
+            seen.add((op, int(right)))
+        assert evaluate_exactly(problem.expression) == int(problem.answer)
+    # every operation and the edges of each range occur: the ranges bound the draw, they do not replace it
+    assert {("+", 9), ("-", 9), ("*", 3), ("/", 3), ("+", 2), ("-", 2), ("*", 2), ("/", 2)} <= seen
+    assert len({line for p in problems for line in p.solution.split("\n")[1:-1]}) < 300  # few facts to learn
+
+
+def test_default_number_ranges_keep_the_original_problems():
+    """The ranges' defaults are the original task: the same seeds give the same problems as before the ranges
+    existed (sha256 of 2,000 training and 500 held-out problems, measured with the generator before the change),
+    so every earlier config, warm start and recorded result keeps its data."""
+    problems = generate_problems("train", 2000, seed=0) + generate_problems("eval", 500, seed=1)
+    digest = hashlib.sha256(str([p.to_dict() for p in problems]).encode()).hexdigest()
+    assert digest == "c99ee0c782b7569a08c3aae3bd63c2b1267d8544191b50503291ec94792d2a6e"
+
+
+def test_number_ranges_that_cannot_generate_are_refused_naming_the_field():
+    assert ArithmeticNumbers().problems() == [] and SMALL.problems() == []
+    assert ArithmeticNumbers(max_factor=1).problems() == ["max_factor=1 must be ≥ 2"]
+    assert ArithmeticNumbers(max_value=4, max_start=4).problems() == ["max_value=4 must be ≥ max_start (4) and ≥ 5"]
+    assert ArithmeticNumbers(max_value=8, max_start=9).problems() == ["max_value=8 must be ≥ max_start (9) and ≥ 5"]
+    with pytest.raises(ValueError, match="max_addend=0 must be ≥ 2"):
+        generate_problems("train", 3, numbers=ArithmeticNumbers(max_addend=0))
+    # the smallest usable ranges still generate every level: no story runs out of operations
+    tiny = ArithmeticNumbers(max_value=5, max_start=2, max_addend=2, max_subtrahend=2, max_factor=2, max_divisor=2)
+    assert len(generate_problems("train", 30, levels=(4,), numbers=tiny)) == 30
+
+
+def test_direct_answer_is_the_boxed_answer_alone():
+    problem = generate_problems("train", 1, seed=0)[0]
+    assert direct_answer(problem) == f"The answer is \\boxed{{{problem.answer}}}"
+    assert problem.solution.endswith(direct_answer(problem))  # the worked solution's last line

@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import errno
 import json
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -166,6 +167,34 @@ def test_warm_start_key_tracks_what_shapes_the_checkpoint():
     assert key != warm_start_key(load_config("pair_tiny_gpt", ["agents.0.model.tiny.num_layers=2"]).agents[0], base)
     assert key != warm_start_key(base.agents[0], load_config("pair_tiny_gpt", ["warmstart.steps=10"]))
     assert key != warm_start_key(base.agents[1], base)
+
+
+def test_warm_start_key_follows_the_task_it_teaches():
+    """The warm start learns `data.train`'s task and its answer-style mix: another mix, other number ranges or
+    other levels are another checkpoint; the held-out split is not."""
+    base = load_config("pair_tiny_gpt")
+    key = warm_start_key(base.agents[0], base)
+    for change in ("warmstart.direct_answer_fraction=0.5", "data.train.numbers.max_value=20", "data.train.levels=[1,2]"):
+        assert warm_start_key(base.agents[0], load_config("pair_tiny_gpt", [change])) != key, change
+    assert warm_start_key(base.agents[0], load_config("pair_tiny_gpt", ["data.eval.levels=[1,2,3,4]"])) == key
+
+
+def test_warm_start_corpus_answers_a_seeded_fraction_directly():
+    from nemo_hacpo.runtime.warmstart import warm_start_corpus
+
+    overrides = ["warmstart.num_problems=200", "warmstart.direct_answer_fraction=0.25", "data.train.levels=[2,3]",
+                 "data.train.numbers.max_value=20", "data.train.numbers.max_start=9"]
+    prompts, solutions = warm_start_corpus(load_config("pair_tiny_gpt", overrides))
+    direct = [s for s in solutions if "=" not in s]
+    assert len(prompts) == len(solutions) == 200 and len(direct) == 50  # round(0.25 · 200), exactly
+    assert all(re.fullmatch(r"The answer is \\boxed\{\d+\}", s) for s in direct)
+    worked = [s for s in solutions if "=" in s]
+    assert all(s.count(" = ") in (2, 3) for s in worked)  # data.train's levels
+    assert all(int(n) <= 20 for s in worked for n in re.findall(r"= (\d+)", s))  # and its number ranges
+    again = warm_start_corpus(load_config("pair_tiny_gpt", overrides))
+    assert again == (prompts, solutions)  # seeded: every run and every agent gets the same corpus
+    plain = warm_start_corpus(load_config("pair_tiny_gpt", ["warmstart.num_problems=200"]))[1]
+    assert all("=" in s for s in plain)  # the default: every solution worked
 
 
 def test_warm_start_key_follows_the_tokenizer_recipe(monkeypatch, tmp_path):
