@@ -269,10 +269,13 @@ def validate(raw: Any) -> HacpoConfig:
     _check_runtime(cfg.runtime, issues)
     if cfg.warmstart.enabled and (cfg.warmstart.steps < 1 or cfg.warmstart.batch_size < 1 or cfg.warmstart.lr <= 0):
         issues.append(ConfigIssue("warmstart", "steps and batch_size must be ≥ 1 and lr > 0", "fix the warm start"))
-    if not 0.0 <= cfg.warmstart.direct_answer_fraction <= 1.0:
-        issues.append(ConfigIssue("warmstart.direct_answer_fraction",
-                                  f"must lie in [0, 1], got {cfg.warmstart.direct_answer_fraction}",
-                                  "use e.g. 0.6 (60 % of warm-start solutions answer-only)"))
+    for key in ("direct_answer_fraction", "stop_early_fraction"):
+        value = getattr(cfg.warmstart, key)
+        if not 0.0 <= value <= 1.0:
+            issues.append(ConfigIssue(f"warmstart.{key}", f"must lie in [0, 1], got {value}", "use e.g. 0.3"))
+    if cfg.warmstart.direct_answer_fraction + cfg.warmstart.stop_early_fraction > 1.0:
+        issues.append(ConfigIssue("warmstart.stop_early_fraction", "direct_answer_fraction + stop_early_fraction "
+                                  "exceeds 1: a solution has one style", "lower one of them"))
     if cfg.reward.timeout_s <= 0:
         issues.append(ConfigIssue("reward.timeout_s", "must be > 0", "use e.g. 5.0"))
     if cfg.reward.num_workers < 0:

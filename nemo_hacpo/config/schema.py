@@ -394,6 +394,10 @@ class WarmStartConfig:
     """Share of those problems whose solution is written answer-only (`The answer is \\boxed{N}`, no steps): the
     warm-started policy then answers some problems directly and works the others out, and RL can discover which
     of the two earns more reward (README, "the task")."""
+    stop_early_fraction: float = 0.0
+    """Share of the problems with two or more operations whose solution stops after the first operation and gives
+    its result as the answer (wrong unless the problem has one operation): the warm-started policy then sometimes
+    stops early, and RL can discover that finishing the computation earns the reward."""
     seed: int = 0
     """Problem generation and sampling seed."""
     cache_dir: str = "~/.cache/nemo_hacpo/warmstart"

@@ -32,7 +32,10 @@ from nemo_hacpo.data.problem import MathProblem
 
 Split = Literal["train", "eval"]
 
-MAX_VALUE = ArithmeticNumbers().max_value
+ORIGINAL_NUMBERS = ArithmeticNumbers()
+"""The default number ranges: the original task."""
+
+MAX_VALUE = ORIGINAL_NUMBERS.max_value
 """Default upper bound for the start value, every intermediate value and the answer."""
 
 LEVELS: tuple[int, ...] = (1, 2, 3, 4)
@@ -134,7 +137,7 @@ def apply_operation(operation: str, value: int, operand: int) -> int:
     raise ValueError(f"unknown operation {operation!r}; expected one of {OPERATIONS}")
 
 
-def _feasible_operands(operation: str, value: int, numbers: ArithmeticNumbers = ArithmeticNumbers()) -> list[int]:
+def _feasible_operands(operation: str, value: int, numbers: ArithmeticNumbers = ORIGINAL_NUMBERS) -> list[int]:
     """Operands in the operation's range that keep the result an integer in ``[2, numbers.max_value]`` (and the
     story sensible).
 
@@ -208,7 +211,7 @@ def generate_problems(
     *,
     seed: int | None = None,
     levels: Sequence[int] = (1, 2, 3),
-    numbers: ArithmeticNumbers = ArithmeticNumbers(),
+    numbers: ArithmeticNumbers = ORIGINAL_NUMBERS,
 ) -> list[MathProblem]:
     """Generate ``num_problems`` distinct problems of ``split``.
 
@@ -257,6 +260,17 @@ def generate_problems(
             )
         )
     return problems
+
+
+def stopped_early(problem: MathProblem) -> str:
+    """A generated problem's solution cut after its first operation, which is then given as the answer: the start
+    line, the first ``a <op> b = c`` line and ``The answer is \\boxed{c}`` — right only when the problem has a
+    single operation (the other habit of the warm-start corpus, `warmstart.stop_early_fraction`)."""
+    lines = problem.solution.split("\n")
+    first = _STEP_LINE.match(lines[1])
+    if first is None:
+        raise ValueError(f"not a generated arithmetic solution: {problem.solution!r}")
+    return "\n".join([lines[0], lines[1], f"The answer is \\boxed{{{first.group(4)}}}"])
 
 
 def direct_answer(problem: MathProblem) -> str:

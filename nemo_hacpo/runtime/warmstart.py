@@ -22,7 +22,7 @@ from typing import Any
 
 from nemo_hacpo.config import AgentConfig, ArithmeticNumbers, HacpoConfig
 from nemo_hacpo.data import problem_to_messages
-from nemo_hacpo.data.arithmetic import derive_seed, direct_answer, generate_problems
+from nemo_hacpo.data.arithmetic import derive_seed, direct_answer, generate_problems, stopped_early
 from nemo_hacpo.models.chat import render_prompt_ids
 from nemo_hacpo.reporting import format_duration
 
@@ -74,8 +74,9 @@ def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
         shaping["task"] = {"levels": list(levels), "numbers": dataclasses.asdict(numbers)}
     for unused in ("cache_dir", "progress_interval"):  # where it is kept and how it reports do not shape it
         shaping["warmstart"].pop(unused)
-    if not cfg.warmstart.direct_answer_fraction:  # added later: all-worked warm starts keep their cached keys
-        shaping["warmstart"].pop("direct_answer_fraction")
+    for added in ("direct_answer_fraction", "stop_early_fraction"):  # added later: all-worked warm starts keep
+        if not shaping["warmstart"][added]:  # their cached keys
+            shaping["warmstart"].pop(added)
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -144,15 +145,22 @@ def warm_start_task(cfg: HacpoConfig) -> tuple[tuple[int, ...], ArithmeticNumber
 
 
 def warm_start_corpus(cfg: HacpoConfig) -> tuple[list, list[str]]:
-    """`(prompts, solutions)` of the warm start: `warmstart.num_problems` generated training problems, a seeded
-    `warmstart.direct_answer_fraction` of them answered directly (`The answer is \\boxed{N}`), the others worked."""
+    """`(prompts, solutions)` of the warm start: `warmstart.num_problems` generated training problems, worked out
+    except for two seeded shares — `direct_answer_fraction` of all problems answered directly (`The answer is
+    \\boxed{N}`), and `stop_early_fraction` of the problems with ≥ 2 operations stopped after the first one
+    (`arithmetic.stopped_early`); a problem gets at most one of the two."""
     ws = cfg.warmstart
     levels, numbers = warm_start_task(cfg)
     problems = generate_problems("train", ws.num_problems, seed=ws.seed, levels=levels, numbers=numbers)
-    direct = set(random.Random(derive_seed("direct-answer", ws.seed)).sample(
-        range(len(problems)), round(ws.direct_answer_fraction * len(problems))))
+    rng = random.Random(derive_seed("answer-styles", ws.seed))
+    order = rng.sample(range(len(problems)), len(problems))  # a seeded order; each share is taken from its front
+    direct = set(order[:round(ws.direct_answer_fraction * len(problems))])
+    multi = [i for i in order if i not in direct and problems[i].level > 1]
+    early = set(multi[:round(ws.stop_early_fraction * sum(p.level > 1 for p in problems))])
+    styled = {i: direct_answer(p) if i in direct else stopped_early(p) if i in early else p.solution
+              for i, p in enumerate(problems)}
     prompts = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
-    return prompts, [direct_answer(p) if i in direct else p.solution for i, p in enumerate(problems)]
+    return prompts, [styled[i] for i in range(len(problems))]
 
 
 def _sft_groups(cfg: HacpoConfig, agents: list[AgentConfig]) -> list:
