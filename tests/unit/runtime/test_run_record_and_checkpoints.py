@@ -28,6 +28,7 @@ from nemo_hacpo.runtime.run_checkpoint import (
     save_run_checkpoint,
     write_text_atomic,
 )
+from nemo_hacpo.training.checkpoint_files import bytes_record
 from nemo_hacpo.runtime.run_record import (
     RECORD_FILE,
     check_resume,
@@ -38,13 +39,16 @@ from nemo_hacpo.runtime.run_record import (
 
 
 class _SavingGroup:
-    """Stands in for an AgentGroup: `save_checkpoint` writes two shard files where a trainer would."""
+    """Stands in for an AgentGroup: `save_checkpoint` writes two shard files where a trainer would, and records
+    them as the writing rank does (size and digest of the bytes it wrote)."""
 
-    def save_checkpoint(self, path, step):
+    def save_checkpoint(self, path, step, digest=None):
+        files = {"__0_0.distcp": bytes(range(256)) * 64, ".metadata": f"step {step}".encode()}
         Path(path).mkdir(parents=True)
-        (Path(path) / "__0_0.distcp").write_bytes(bytes(range(256)) * 64)
-        (Path(path) / ".metadata").write_bytes(f"step {step}".encode())
-        return SimpleNamespace(result=lambda: None)
+        for name, data in files.items():
+            (Path(path) / name).write_bytes(data)
+        records = {name: bytes_record(data, digest) for name, data in files.items()}
+        return SimpleNamespace(result=lambda: records)
 
 
 def _saved(tmp_path, *steps, hashes=True):
