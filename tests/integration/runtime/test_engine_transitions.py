@@ -224,12 +224,13 @@ def generate_and_resume(timeline_file: str, run_dir: str, ports: list[int]) -> l
         rank.train_state = _RecordedOffload(rank.train_state, timeline)
         dist.barrier()  # the driver waits for every rank's setup
         if attempt == 0:
-            rank.generate(prompts, 2, sleep_after=True)
+            mine = prompts if rank.engine is not None else None  # the driver gives the engine rank the prompts
+            rank.generate(mine, 2, sleep_after=True)
             dist.barrier()
             timeline.record("alloc", "old log-probs")
             rank.trainer.compute_token_logprobs(ids, masks)  # the next phase's forward: nothing released after it
             dist.barrier()
-            rank.generate(prompts, 2)  # asleep: wakes first
+            rank.generate(mine, 2)  # asleep: wakes first
             dist.barrier()
             rank.save(f"{run_dir}/ckpt", 1)
             dist.barrier()

@@ -26,9 +26,9 @@ from nemo_hacpo.runtime.run_checkpoint import (
     save_run_checkpoint,
 )
 from nemo_hacpo.runtime.step_log import drop_records_after
-from nemo_hacpo.training.checkpoint_files import bytes_record
 from nemo_hacpo.runtime.warmstart import warm_start_key, warm_start_seed
 from nemo_hacpo.runtime.worker import OldLogprobs
+from nemo_hacpo.training.checkpoint_files import bytes_record
 
 
 def _response(b, g, ids, text, reason, logprobs):
