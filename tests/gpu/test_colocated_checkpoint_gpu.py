@@ -40,6 +40,7 @@ def checkpoint_on_one_gpu(model_dir: str, out_dir: str) -> dict:
     from nemo_hacpo.data.prompts import problem_to_messages
     from nemo_hacpo.rollout import RolloutEngine
     from nemo_hacpo.rollout.engine_group import EngineGroup
+    from nemo_hacpo.rollout.sampling import SamplingSettings
     from nemo_hacpo.training.memory import TrainStateOffload
 
     rank = dist.get_rank()
@@ -67,7 +68,8 @@ def checkpoint_on_one_gpu(model_dir: str, out_dir: str) -> dict:
         agent = dataclasses.replace(agent, rollout=dataclasses.replace(
             agent.rollout, colocated=True, gpu_memory_utilization=ENGINE_SHARE, enforce_eager=True))
         engine = RolloutEngine.from_agent(agent, model_dir, device="cuda")
-        before = [r.token_ids for r in engine.generate(prompts, n=1, max_tokens=16, seed=5).flat()]
+        greedy = SamplingSettings(temperature=0.0)
+        before = [r.token_ids for r in engine.generate(prompts, n=1, max_tokens=16, sampling=greedy).flat()]
     dist.barrier()
     free_awake = torch.cuda.mem_get_info()[0]
 
@@ -82,7 +84,7 @@ def checkpoint_on_one_gpu(model_dir: str, out_dir: str) -> dict:
 
     out = {"free_awake": free_awake, "free_asleep": free_asleep, "restored": restored, "total": total}
     if engine is not None:
-        after = [r.token_ids for r in engine.generate(prompts, n=1, max_tokens=16, seed=5).flat()]
+        after = [r.token_ids for r in engine.generate(prompts, n=1, max_tokens=16, sampling=greedy).flat()]
         out.update(same_answers=after == before, asleep=sorted(engine.asleep))
         engine.shutdown()
     return out
