@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 
 from nemo_hacpo.algo.rows import TrainingRows
 from nemo_hacpo.config import AgentConfig, HacpoConfig
+from nemo_hacpo.rollout.engine_group import PeerFailure
 from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
 from nemo_hacpo.runtime.worker import AgentRank, OldLogprobs, RankInfo, rank_log_file
 from nemo_hacpo.training.loss_metrics import TrainMetrics
@@ -198,17 +199,22 @@ class AgentGroup:
     def generate(self, prompts: list[list[dict]], n: int, *, greedy: bool = False, seed: int | None = None,
                  sleep_after: bool = False, what: str = "generate") -> Pending[GenerationResult]:
         """G = n responses per prompt: every engine takes a contiguous slice of the prompts with the seeds a single
-        engine would use (`runtime.placement.split_batch`); the result is merged in prompt order."""
+        engine would use (`runtime.placement.split_batch`); the result is merged in prompt order. Every rank is
+        called: the ranks that share an engine's GPUs hand them over before it wakes (`AgentRank.generate`)."""
         from nemo_hacpo.rollout.sampling import SEED_MODULUS
         from nemo_hacpo.runtime.placement import split_batch
 
-        ranks = self.engine_ranks
-        futures, used = [], []
-        for rank, (start, stop) in zip(ranks, split_batch(len(prompts), len(ranks)), strict=False):
-            slice_seed = None if seed is None else (seed + start * n) % SEED_MODULUS
-            futures.append(self.actors[rank].generate.remote(prompts[start:stop], n, greedy, slice_seed, sleep_after))
-            used.append(rank)
-        return Pending(self, futures, what, used, GenerationResult.merge)
+        slices = dict(zip(self.engine_ranks, split_batch(len(prompts), len(self.engine_ranks)), strict=False))
+        futures = []
+        for rank, actor in enumerate(self.actors):
+            if rank in slices:
+                start, stop = slices[rank]
+                slice_seed = None if seed is None else (seed + start * n) % SEED_MODULUS
+                futures.append(actor.generate.remote(prompts[start:stop], n, greedy, slice_seed, sleep_after))
+            else:  # no engine here, or no prompts left for it: the hand-over only
+                futures.append(actor.generate.remote(None, n, greedy, None, sleep_after))
+        used = sorted(slices)
+        return Pending(self, futures, what, None, lambda results: GenerationResult.merge([results[r] for r in used]))
 
     def old_logprobs(self, generation: GenerationResult, with_tokens: bool = False) -> Pending[OldLogprobs]:
         """m_old of the agent's own responses (and the trainer↔sampler mismatch); see `AgentRank.old_logprobs`."""
@@ -225,9 +231,12 @@ class AgentGroup:
         """The trainer's weights into the agent's engines."""
         return Pending(self, [a.refit.remote() for a in self.actors], "refit", None, _first)
 
-    def save_checkpoint(self, directory: str, step: int) -> Pending[None]:
-        """Every rank's trainer state into `directory` (Megatron distributed checkpoint)."""
-        return Pending(self, [a.save.remote(directory, step) for a in self.actors], "save", None, _nothing)
+    def save_checkpoint(self, directory: str, step: int, digest: str | None = None
+                        ) -> Pending[dict[str, dict[str, Any]]]:
+        """Every rank's trainer state into `directory` (Megatron distributed checkpoint). The result: every file
+        written, relative to `directory` → `{"bytes"[, "digest"]}`, recorded (and with `digest`, hashed) by the
+        rank that wrote it (`training.checkpoint_files`)."""
+        return Pending(self, [a.save.remote(directory, step, digest) for a in self.actors], "save", None, _first)
 
     def save_hf(self, directory: str) -> Pending[None]:
         """The current weights as an HF checkpoint (+ tokenizer) in `directory`."""
@@ -282,7 +291,8 @@ class AgentGroup:
 
     def _failure(self, what: str, rank: int, err: Exception, pending: dict[Any, tuple[int, int]],
                  grace_s: float = 5.0) -> WorkerFailure:
-        """The report of a failed call: the dead rank if any of the failures is a dead actor, else `rank`."""
+        """The report of a failed call: the dead rank if any of the failures is a dead actor, else `rank` — unless
+        `rank` only stopped because a peer of its engine group failed (`PeerFailure`): then that peer."""
         import ray
 
         failures = {rank: err}
@@ -294,7 +304,14 @@ class AgentGroup:
                 except Exception as other:  # noqa: BLE001 - collected for the report
                     failures[pending[future][1]] = other
         dead = [r for r, e in sorted(failures.items()) if isinstance(e, ray.exceptions.RayActorError)]
-        culprit = dead[0] if dead else rank
+        # a rank that raised PeerFailure only stopped because another rank of its engine group had failed
+        failed_itself = [r for r, e in sorted(failures.items()) if not isinstance(e, PeerFailure)]
+        if dead:
+            culprit = dead[0]
+        elif isinstance(err, PeerFailure) and failed_itself:
+            culprit = failed_itself[0]
+        else:
+            culprit = rank
         others = sorted(r for r in failures if r != culprit)
         also = f" (rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} failed too)" if others else ""
         cause = failures[culprit]

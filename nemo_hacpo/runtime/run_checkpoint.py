@@ -11,11 +11,15 @@ Only folders named exactly `step_<digits>` are checkpoints. Before a run resumes
 verified against its manifest (sizes, digests, a readable driver state); one that fails is moved aside as
 `step_<digits>.corrupt-<time>` with the bad file named, and the previous one is tried — nothing is deleted.
 A checkpoint written before checkpoints had a manifest is used when its driver state reads, with a warning.
+
+Who hashes: the trainer rank that wrote a file, right after writing it, all ranks at once
+(`training.checkpoint_files`); the records come back with the save's result and the driver writes them into the
+manifest after checking, by listing the folder, that every file is accounted for and has the size its writer
+recorded — it reads no shard. On resume the digests are checked by a pool of threads (`digest_files`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -27,13 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_hacpo.training.checkpoint_files import bytes_record, digest_algorithm, digest_files, file_record
+
 logger = logging.getLogger(__name__)
 
 DRIVER_FILE = "driver.json"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
 STEP_DIR = re.compile(r"^step_(\d+)$")
-DIGEST_CHUNK = 8 << 20
 
 RUN_ARTIFACTS = ("checkpoints", "metrics.jsonl", "tensorboard", "rollouts", "summary.md", "reward_curve.png",
                  "eval_accuracy.png", "cross_path.png", "hf", "eval", "engines", "config.yaml")
@@ -46,41 +51,35 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used; the message names the checkpoint and the file."""
 
 
-def digest_algorithm() -> str:
-    """`blake3` (fast, multi-threaded; shipped with vLLM) when importable, else `sha256`."""
-    try:
-        import blake3  # noqa: F401
-    except ImportError:
-        return "sha256"
-    return "blake3"
-
-
-def file_digest(path: Path, algorithm: str) -> str:
-    """Hex digest of the file's content."""
-    if algorithm == "blake3":
-        import blake3
-
-        hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    elif algorithm == "sha256":
-        hasher = hashlib.sha256()
-    else:
-        raise ValueError(f"unknown digest algorithm {algorithm!r}")
-    with path.open("rb") as fh:
-        while chunk := fh.read(DIGEST_CHUNK):
-            hasher.update(chunk)
-    return hasher.hexdigest()
-
-
 def _files(root: Path) -> Iterable[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
 
 
-def write_manifest(root: Path, hashes: bool = True) -> Path:
-    """`root/manifest.json`: the size (and with `hashes` the content digest) of every file below `root`."""
-    algorithm = digest_algorithm() if hashes else None
-    files = {str(p.relative_to(root)): {"bytes": p.stat().st_size,
-                                        **({"digest": file_digest(p, algorithm)} if algorithm else {})}
-             for p in _files(root)}
+def write_manifest(root: Path, algorithm: str | None, reported: dict[str, dict[str, Any]]) -> Path:
+    """`root/manifest.json`: every file below `root` with the record its writer `reported` (relative name →
+    `{"bytes"[, "digest"]}`, digests by `algorithm`; None: sizes only).
+
+    The folder is listed, not read: a reported file that is missing, or whose size is not the one its writer
+    recorded, is a CheckpointError; a file nobody reported is hashed here (and named in a warning) — the writers
+    should have reported it."""
+    present = {str(p.relative_to(root)): p for p in _files(root)}
+    missing = sorted(set(reported) - set(present))
+    if missing:
+        raise CheckpointError(f"{root}: {', '.join(missing[:5])} reported by its writer but not on disk")
+    files: dict[str, dict[str, Any]] = {}
+    for name, path in present.items():
+        size = path.stat().st_size
+        if name in reported:
+            if reported[name].get("bytes") != size:
+                raise CheckpointError(f"{root / name}: {size} bytes on disk, its writer recorded "
+                                      f"{reported[name].get('bytes')}")
+            if algorithm and "digest" not in reported[name]:
+                raise CheckpointError(f"{root / name}: its writer recorded no {algorithm} digest")
+            files[name] = {"bytes": size, **({"digest": reported[name]["digest"]} if algorithm else {})}
+        else:
+            logger.warning("checkpoint file %s was not reported by the rank that wrote it; the driver hashes it",
+                           root / name)
+            files[name] = file_record(path, algorithm)
     manifest = {"version": MANIFEST_VERSION, "algorithm": algorithm, "files": files}
     return write_text_atomic(root / MANIFEST_FILE, json.dumps(manifest, indent=1))
 
@@ -154,16 +153,26 @@ class RunCheckpoint:
             problems.append(f"{name} is missing")
         for name in sorted(present - set(files)):
             problems.append(f"{name} is not in the manifest")
+        to_hash = []
         for name in sorted(set(files) & present):
             try:
                 expected, path = files[name], self.path / name
                 size = path.stat().st_size
                 if size != expected["bytes"]:
                     problems.append(f"{name} has {size} bytes, the manifest says {expected['bytes']}")
-                elif hashes and algorithm and file_digest(path, algorithm) != expected.get("digest"):
-                    problems.append(f"{name}: its content does not match the manifest's {algorithm} digest")
+                elif hashes and algorithm:
+                    to_hash.append(name)
             except (OSError, KeyError, TypeError, AttributeError, ValueError) as err:
                 problems.append(f"{name} cannot be checked ({type(err).__name__}: {err})")
+        if to_hash:  # the digests, in parallel
+            try:
+                actual = digest_files(self.path, to_hash, algorithm)
+            except (OSError, ValueError) as err:
+                problems.append(f"the files cannot be hashed ({type(err).__name__}: {err})")
+                actual = {}
+            for name in sorted(actual):
+                if actual[name].get("digest") != files[name].get("digest"):
+                    problems.append(f"{name}: its content does not match the manifest's {algorithm} digest")
         if not problems:
             try:
                 self.load_driver_state()
@@ -206,17 +215,23 @@ def latest_checkpoint(out_dir: str | Path, *, hashes: bool = True, quarantine: b
 def save_run_checkpoint(out_dir: str | Path, step: int, driver_state: dict[str, Any], groups, keep: int = 2,
                         hashes: bool = True) -> Path:
     """Collective over every agent's ranks; atomic; keeps the newest `keep` checkpoints (0: all of them), never
-    pruning the one just written. `hashes`: content digests in the manifest (sizes only when False)."""
+    pruning the one just written. `hashes`: content digests in the manifest (sizes only when False), computed by
+    the ranks that write the files (module docstring)."""
     root = Path(out_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     (tmp / "agents").mkdir(parents=True)
-    pending = {name: group.save_checkpoint(str(tmp / "agents" / name), step) for name, group in groups.items()}
-    for call in pending.values():
-        call.result()
-    write_text_atomic(tmp / DRIVER_FILE, json.dumps(driver_state, indent=1))
-    write_manifest(tmp, hashes=hashes)
+    algorithm = digest_algorithm() if hashes else None
+    pending = {name: group.save_checkpoint(str(tmp / "agents" / name), step, digest=algorithm)
+               for name, group in groups.items()}
+    reported: dict[str, dict[str, Any]] = {}
+    for name, call in pending.items():  # every file as its writer recorded it
+        reported.update({f"agents/{name}/{file}": record for file, record in (call.result() or {}).items()})
+    driver_text = json.dumps(driver_state, indent=1)
+    write_text_atomic(tmp / DRIVER_FILE, driver_text)
+    reported[DRIVER_FILE] = bytes_record(driver_text.encode("utf-8"), algorithm)
+    write_manifest(tmp, algorithm, reported)
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)

@@ -4,10 +4,26 @@
 (`AgentGroup`), one actor per rank, so every agent owns its own processes, its own process group and its own
 Megatron `parallel_state` — two agents with different layouts never share global state.
 
-Collective methods (`old_logprobs`, `train`, `refit`, `save`, `load`, `save_hf`, `sft`) must be called on every
-rank of the agent with the same arguments; they return their (identical) result on rank 0 and None elsewhere,
-so a result crosses Ray once. Generation runs on the engine ranks. What crosses Ray is typed: `RankInfo`,
-`GenerationResult`, `OldLogprobs`, `TrainMetrics`, `RefitStats`.
+Collective methods (`old_logprobs`, `train`, `refit`, `save`, `load`, `save_hf`, `sft`, `generate`) must be called
+on every rank of the agent with the same arguments; they return their (identical) result on rank 0 and None
+elsewhere, so a result crosses Ray once. Generation runs on the engine ranks (the others take part in the
+hand-over of their GPUs and return None). What crosses Ray is typed: `RankInfo`, `GenerationResult`,
+`OldLogprobs`, `TrainMetrics`, `RefitStats`, and the checkpoint's file records.
+
+Every sleep, wake and start of a colocated engine is collective over the ranks that share its GPUs — the engine's
+TP group (`rollout.engine_group.EngineGroup`, the group the staged refit also uses):
+
+    generate      every member releases → barrier → engine: wake (if asleep), generate, sleep (sleep_after)
+    refit         release → barrier → wake weights → exchange → load (staged: per bucket) → release → barrier →
+                  wake KV cache → exchange
+    checkpoint    release → barrier → sleep (level 1) → exchange → restore … save … offload → release →
+                  barrier → wake → exchange
+    start-up      initial HF export → release → barrier → engine starts (also on resume)
+
+so no rank allocates while an engine sleeps or wakes (vLLM asserts that free memory did not shrink while it
+slept), and no engine wakes or starts before every rank of its GPUs has given back what it held. Where no
+collective closes the transition (after generating, after the engine's start) the driver's wait for every
+rank's call does: no rank is given work before the engine's call has ended.
 """
 
 from __future__ import annotations
@@ -25,6 +41,7 @@ import torch
 
 from nemo_hacpo.algo.rows import TrainingRows
 from nemo_hacpo.config import AgentConfig
+from nemo_hacpo.rollout.engine_group import EngineGroup
 from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
 from nemo_hacpo.rollout.refit import RpcRefit, StagedRefit, make_refit_strategy
 from nemo_hacpo.training.loss_metrics import TrainMetrics
@@ -186,6 +203,7 @@ class AgentRank:
         self.arch: ModelArch | None = None
         self._sft_rows: list[tuple[list[int], list[int]]] = []
         self.refit_strategy: RpcRefit | StagedRefit | None = None
+        self.engine_group: EngineGroup | None = None  # the ranks that share this rank's engine's GPUs
         self.train_state: TrainStateOffload | None = None  # agent.offload_train_state
         self.phases: collections.deque[str] = collections.deque(maxlen=64)  # recent memory phases, in order
 
@@ -227,10 +245,12 @@ class AgentRank:
         init_distributed(self.rank, world, master_addr, master_port, timeout_s=self.collective_timeout_s,
                          local_rank=gpu, store=self._store if self.rank == 0 else None)
         self.engine_gpus = self._engine_gpus(gpu)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        engine_tp = self.agent.rollout.tensor_parallel_size
+        self.engine_group = EngineGroup.create(self.rank, world, engine_tp, device)
         self.refit_strategy = make_refit_strategy(
-            self.agent.rollout.refit_transport, rank=self.rank, world=world,
-            engine_tp=self.agent.rollout.tensor_parallel_size, device="cuda" if torch.cuda.is_available() else "cpu",
-            bucket_mb=self.agent.rollout.refit_bucket_mb, tag=self.agent.name)
+            self.agent.rollout.refit_transport, rank=self.rank, world=world, engine_tp=engine_tp, device=device,
+            bucket_mb=self.agent.rollout.refit_bucket_mb, tag=self.agent.name, group=self.engine_group)
         self.tokenizer = load_tokenizer(tokenizer_source(self.agent))
         self.arch = model_arch(self.agent, len(self.tokenizer))
         self.trainer = MegatronTrainer(self.agent, self.arch, seed=self.seed, total_updates=self.total_updates,
@@ -299,13 +319,21 @@ class AgentRank:
         """Collective: save the current weights as an HF checkpoint; engine ranks start vLLM on it (once per run).
 
         On CUDA the engine of rank r runs on the GPUs of ranks r .. r+T−1 (`runtime.placement`): they are made
-        the only visible devices of the engine's processes, and the engine sleeps while they train."""
-        from nemo_hacpo.rollout import RolloutEngine
-
+        the only visible devices of the engine's processes, and the engine sleeps while they train. Every rank of
+        the engine's group gives back the export's gathered tensors before the engine measures its GPUs' free
+        memory (the hand-over; the driver's wait for every rank's set-up closes it)."""
         hf_dir = self.save_hf(str(self.run_dir / "engines" / self.agent.name))
+        self._group().hand_over(release_cached_memory)
         if self.engine_gpus is None:
             return None
         _wait_visible(Path(hf_dir) / "config.json", self.agent.name, self.rank)
+        self.engine = self._new_engine(hf_dir)
+        return self.engine.stats
+
+    def _new_engine(self, hf_dir: str) -> RolloutBackend:
+        """vLLM on `hf_dir`, on this rank's engine GPUs (the seam a test replaces with an engine of its own)."""
+        from nemo_hacpo.rollout import RolloutEngine
+
         # vLLM advertises this node's routable address, never a loopback one another node could not reach
         if "VLLM_HOST_IP" not in os.environ and (address := self._node_address()):
             os.environ["VLLM_HOST_IP"] = address
@@ -313,27 +341,31 @@ class AgentRank:
         if self.engine_gpus:  # CUDA: the engine's (spawned) processes see exactly its GPUs
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.engine_gpus)
         try:
-            self.engine = RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed)
+            return RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed)
         finally:
             if self.engine_gpus:
                 if saved is None:
                     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
                 else:
                     os.environ["CUDA_VISIBLE_DEVICES"] = saved
-        return self.engine.stats
 
     # --------------------------------------------------------------------------------------- generation
-    def generate(self, prompts: list[list[dict]], n: int, greedy: bool = False,
-                 seed: int | None = None, sleep_after: bool = False) -> GenerationResult:
-        """Engine ranks: G = n responses per prompt.
+    def generate(self, prompts: list[list[dict]] | None, n: int, greedy: bool = False,
+                 seed: int | None = None, sleep_after: bool = False) -> GenerationResult | None:
+        """Collective over the engine's group: G = n responses per prompt on the engine rank.
 
-        `seed`: the call's base seed (the loop derives it from the agent's seed and the step, so a resumed run
-        samples exactly what an uninterrupted one does); None = the engine's own call counter.
-        `sleep_after`: release the engine's GPU memory afterwards (colocated CUDA engines before training; the
-        next refit brings the weights back). A no-op on CPU.
+        `prompts` None: this rank generates nothing (a rank without an engine, or an engine without a slice of
+        the batch) and only takes part in the hand-over: every member releases its cached memory and waits for
+        the others before the engine wakes. `seed`: the call's base seed (the loop derives it from the agent's
+        seed and the step, so a resumed run samples exactly what an uninterrupted one does); None = the engine's
+        own call counter. `sleep_after`: release the engine's GPU memory afterwards (colocated CUDA engines
+        before training; the next refit brings the weights back). A no-op on CPU.
         """
         from nemo_hacpo.rollout.sampling import SamplingSettings
 
+        self._group().hand_over(release_cached_memory)
+        if prompts is None:
+            return None
         if self.engine is None:
             raise RuntimeError(f"agent {self.agent.name!r} rank {self.rank} owns no rollout engine")
         sampling = SamplingSettings(temperature=0.0) if greedy else None
@@ -390,25 +422,28 @@ class AgentRank:
 
     def refit(self) -> RefitStats | None:
         """Collective: stream the trainer's weights in HF layout, in bounded buckets, into the engines (the
-        agent's `rollout.refit` strategy decides who copies what where); the first engine rank returns its stats."""
+        agent's `rollout.refit` strategy decides who copies what where); the first engine rank returns its stats.
+
+        Colocated CUDA: what torch's caching allocator keeps of the training step's peak (activations, logits) is
+        handed back on every GPU of the engine before it re-allocates its weights, and the export's gathered
+        tensors and the staging buffers before its KV cache — on every rank of the group, not only the engine's
+        (module docstring: each wake is a transition of the whole group)."""
         from nemo_hacpo.models.hf_conversion import export_hf_weights
 
-        trainer, strategy = self._trainer(), self._refit_strategy()
+        trainer, strategy, group = self._trainer(), self._refit_strategy(), self._group()
         weights = export_hf_weights([trainer.module], self.arch, to_cpu=strategy.export_to_cpu,
                                     parallel=trainer.model_parallel)
+        group.transition(self.engine, lambda engine: engine.wake_up(["weights"]), release_cached_memory,
+                         "the engine's wake-up of its weights")
         if self.engine is not None:
-            # Colocated CUDA: what torch's caching allocator keeps of the training step's peak (activations,
-            # logits) is handed back before the engine re-allocates its weights, and the refit's buffers before
-            # its KV cache — otherwise the engine wakes into memory the trainer no longer uses but still holds.
-            release_cached_memory()
-            self.engine.wake_up(["weights"])
             self.phases.append("engine:weights")
         stats = strategy.refit(weights, self.engine)
+        del weights  # the export's last tensor: released below with the rest of the export cache
         self.phases.append("refit")
+        group.transition(self.engine, lambda engine: engine.wake_up(["kv_cache"]), release_cached_memory,
+                         "the engine's wake-up of its KV cache")
         if self.engine is None:
             return None
-        release_cached_memory()
-        self.engine.wake_up(["kv_cache"])
         self.phases.append("engine:awake")
         return stats if self.rank == 0 else None
 
@@ -416,6 +451,11 @@ class AgentRank:
         if self.refit_strategy is None:
             raise RuntimeError(f"agent {self.agent.name!r} rank {self.rank}: call setup() first")
         return self.refit_strategy
+
+    def _group(self) -> EngineGroup:
+        if self.engine_group is None:
+            raise RuntimeError(f"agent {self.agent.name!r} rank {self.rank}: call setup() first")
+        return self.engine_group
 
     def sft(self, prompts: list[list[dict]] | None, solutions: list[str] | None, steps: int, batch_size: int,
             seed: int, first_step: int = 0) -> list[float] | None:
@@ -451,23 +491,32 @@ class AgentRank:
         return losses if self.rank == 0 else None
 
     # ---------------------------------------------------------------------------------------- checkpoints
-    def save(self, directory: str, step: int) -> str:
+    def save(self, directory: str, step: int, digest: str | None = None) -> dict[str, dict[str, Any]] | None:
         """Collective: a trainer checkpoint (model, optimizer, scheduler, RNG). A colocated engine sleeps
         meanwhile (level 1: its weights wait in host memory): the optimizer's save gathers fp32 state on the
-        GPUs, which must not meet an awake engine's weights and KV cache."""
-        slept = self.engine is not None and self.engine.can_sleep and not self.engine.asleep
+        GPUs, which must not meet an awake engine's weights and KV cache. Sleep and wake are transitions of the
+        engine's whole group (module docstring): no rank restores its optimizer state before every engine of
+        its GPUs has gone to sleep, and no engine wakes before every rank has offloaded and released.
+
+        Every rank records the files it wrote (with `digest`, their content digests: `training.checkpoint_files`);
+        rank 0 returns them all (relative name → `{"bytes"[, "digest"]}`), the others None."""
+        group, engine = self._group(), self.engine
+        slept = engine is not None and engine.can_sleep and not engine.asleep
+        group.transition(engine, (lambda e: e.sleep(level=1)) if slept else None, release_cached_memory,
+                         "the engine's sleep for the checkpoint")
         if slept:
-            self.engine.sleep(level=1)
             self.phases.append("engine:asleep")
         self._restore_train_state()
         try:
             self.phases.append("checkpoint")
-            return self._trainer().save_checkpoint(directory, step)
+            saved = self._trainer().save_checkpoint(directory, step, digest=digest)
         finally:
             self._offload_train_state()
-            if slept:
-                self.engine.wake_up()
-                self.phases.append("engine:awake")
+        group.transition(engine, (lambda e: e.wake_up()) if slept else None, release_cached_memory,
+                         "the engine's wake-up after the checkpoint")
+        if slept:
+            self.phases.append("engine:awake")
+        return saved.files if self.rank == 0 else None
 
     def load(self, directory: str) -> dict[str, Any]:
         return self._trainer().load_checkpoint(directory)

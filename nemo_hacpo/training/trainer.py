@@ -77,6 +77,7 @@ from nemo_hacpo.training.packing import pack_rows, unpack_token_values
 if TYPE_CHECKING:
     from nemo_hacpo.config import AgentConfig
     from nemo_hacpo.models.architecture import ModelArch
+    from nemo_hacpo.training.trainer_checkpoint import SavedCheckpoint
 
 FP16_INITIAL_LOSS_SCALE = 2.0**16
 """fp16's first loss scale; the scaler halves it after overflows (hysteresis 2) and doubles it after 1000 clean
@@ -500,11 +501,12 @@ class MegatronTrainer:
             rows=row_outcome)
 
     # ----------------------------------------------------------------------------------------- checkpoints
-    def save_checkpoint(self, directory: str, step: int | None = None) -> str:
-        """Collective: model + optimizer + scheduler + RNG to `directory` (atomic). See `trainer_checkpoint.py`."""
+    def save_checkpoint(self, directory: str, step: int | None = None, digest: str | None = None) -> SavedCheckpoint:
+        """Collective: model + optimizer + scheduler + RNG to `directory` (atomic), each rank recording (and with
+        `digest` hashing) the files it wrote. See `trainer_checkpoint.py`."""
         from nemo_hacpo.training.trainer_checkpoint import save_checkpoint
 
-        return save_checkpoint(self, directory, step=step)
+        return save_checkpoint(self, directory, step=step, digest=digest)
 
     def load_checkpoint(self, directory: str) -> dict[str, Any]:
         """Collective: restore what `save_checkpoint` wrote (any TP/PP/DP layout); returns its metadata."""

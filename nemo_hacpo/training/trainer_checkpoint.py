@@ -15,6 +15,11 @@ One checkpoint directory holds, for one agent:
 
 Atomicity: every rank writes into `<dir>.tmp` (cleared first); after a barrier rank 0 writes the JSON
 and renames `<dir>.tmp` → `<dir>` (a previous `<dir>` is first moved to `<dir>.old` and deleted after).
+
+File records: right after writing, before the barrier, every rank records the size — and with `digest` the
+content digest — of the files it wrote (`training.checkpoint_files`: still in its node's page cache, all ranks
+at once); rank 0 gathers them, adds its JSON's, and returns them all in `SavedCheckpoint.files`: what the run
+checkpoint's manifest lists, without the driver reading a byte of the shards.
 A crash leaves either the old checkpoint or a `.tmp` that the next save clears — never a half-written
 `<dir>`. All paths must be on a filesystem every rank of the agent sees.
 
@@ -173,13 +178,28 @@ def _barrier() -> None:
     dist.barrier()
 
 
-def save_checkpoint(trainer: MegatronTrainer, directory: str | Path, *, step: int | None = None,
-                    optimizer_format: str = "fully_reshardable") -> str:
-    """Collective over the agent's ranks: write the trainer state to `directory` atomically; returns its path.
+@dataclasses.dataclass(frozen=True)
+class SavedCheckpoint:
+    """What `save_checkpoint` returns on each rank."""
 
-    `optimizer_format` matters only with the distributed optimizer (`DISTRIBUTED_OPTIMIZER_FORMATS`).
+    path: str
+    own: dict[str, dict[str, Any]]
+    """The files this rank wrote: relative name → `{"bytes"[, "digest"]}` (`training.checkpoint_files`)."""
+    files: dict[str, dict[str, Any]]
+    """Rank 0: every file of the checkpoint, as its writer recorded it; {} on the other ranks."""
+
+
+def save_checkpoint(trainer: MegatronTrainer, directory: str | Path, *, step: int | None = None,
+                    optimizer_format: str = "fully_reshardable", digest: str | None = None) -> SavedCheckpoint:
+    """Collective over the agent's ranks: write the trainer state to `directory` atomically.
+
+    `optimizer_format` matters only with the distributed optimizer (`DISTRIBUTED_OPTIMIZER_FORMATS`). `digest`:
+    the algorithm (`blake3`, `sha256`) of the content digests each rank computes of its own files (None: sizes
+    only). Returns the path and the file records (module docstring).
     """
     from megatron.core import dist_checkpointing
+
+    from nemo_hacpo.training.checkpoint_files import bytes_record, digest_files, own_files
 
     final = Path(directory).resolve()
     staging = final.with_name(final.name + ".tmp")
@@ -192,6 +212,7 @@ def save_checkpoint(trainer: MegatronTrainer, directory: str | Path, *, step: in
     state = sharded_trainer_state(trainer, is_loading=False, with_optimizer=trainer.updates_done > 0,
                                   optimizer_format=optimizer_format)
     dist_checkpointing.save(state, str(staging))
+    own = digest_files(staging, own_files(staging, dist.get_rank()), digest)  # this rank's files, just written
     _barrier()
     if is_writer:
         meta = {"layout": _layout(trainer), "step": step if step is not None else trainer.last_step,
@@ -199,7 +220,9 @@ def save_checkpoint(trainer: MegatronTrainer, directory: str | Path, *, step: in
                 "arch": dataclasses.asdict(trainer.arch), "optimizer_format": optimizer_format,
                 "distributed_optimizer": trainer.agent.optimizer.use_distributed_optimizer,
                 "has_reference": trainer.reference is not None}
-        (staging / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
+        meta_text = json.dumps(meta, indent=2, default=str).encode()
+        (staging / META_FILE).write_bytes(meta_text)
+        own[META_FILE] = bytes_record(meta_text, digest)
         previous = final.with_name(final.name + ".old")
         if final.exists():
             if previous.exists():
@@ -208,8 +231,11 @@ def save_checkpoint(trainer: MegatronTrainer, directory: str | Path, *, step: in
         staging.rename(final)
         if previous.exists():
             shutil.rmtree(previous)
-    _barrier()
-    return str(final)
+    parts: list[Any] = [None] * dist.get_world_size() if is_writer else []
+    dist.gather_object(own, parts if is_writer else None, dst=0)
+    files = {name: record for part in parts for name, record in part.items()} if is_writer else {}
+    _barrier()  # every rank returns once the checkpoint is in place
+    return SavedCheckpoint(str(final), own, files)
 
 
 def read_checkpoint_meta(directory: str | Path) -> dict[str, Any]:

@@ -47,7 +47,7 @@ def staged_refit(run_dir: str, port: int) -> dict | None:
     strategy = rank.refit_strategy
     groups = strategy.groups
     prompts = [[{"role": "user", "content": "Ann has 3 pens and buys 4 more. How many pens does she have?"}]]
-    generated = rank.generate(prompts, 2) if rank.engine is not None else None
+    generated = rank.generate(prompts if rank.engine is not None else None, 2)  # collective: rank 1 hands over
     payload = [generated]
     dist.broadcast_object_list(payload, src=0)  # the rows every trainer rank trains on
     generated = payload[0]

@@ -32,6 +32,15 @@ class _Rank:
     def ok(self, value: int) -> int:
         return value
 
+    def peer_failed(self) -> None:  # what the other ranks of an engine group raise when one of them failed
+        from nemo_hacpo.rollout.engine_group import PeerFailure
+
+        raise PeerFailure("rank 1: stopped refit bucket 2 because rank 0 of its engine group [0, 1] failed: ...")
+
+    def fail_after(self, seconds: float) -> None:
+        time.sleep(seconds)
+        raise RuntimeError("Worker failed with error 'CUDA error: out of memory'")
+
 
 @pytest.fixture(scope="module")
 def ray_local():
@@ -76,6 +85,18 @@ def test_the_dead_rank_is_blamed_even_when_a_peer_reports_first(ray_local):
     futures = [group.actors[0].fail.remote(), group.actors[1].ok.remote(1), group.actors[2].die.remote()]
     with pytest.raises(WorkerFailure, match=r"(?s)rank 2 failed in train: .*\(rank 0 failed too\)"):
         group.get(futures, "train")
+    for actor in group.actors:
+        ray_local.kill(actor)
+
+
+def test_the_rank_that_failed_is_blamed_not_the_peer_that_stopped_because_of_it(ray_local):
+    """Rank 1 reports first, but only with `PeerFailure` (it stopped because rank 0 of its engine group failed):
+    the report names rank 0 and its own error. Before, whichever rank reported first was blamed."""
+    group = _group(ray_local, 2)
+    futures = [group.actors[0].fail_after.remote(1.0), group.actors[1].peer_failed.remote()]
+    with pytest.raises(WorkerFailure, match=r"(?s)agent 'llama70b' rank 0 failed in refit: .*out of memory.*"
+                                            r"\(rank 1 failed too\)"):
+        group.get(futures, "refit")
     for actor in group.actors:
         ray_local.kill(actor)
 

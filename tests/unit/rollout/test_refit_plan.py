@@ -56,13 +56,35 @@ def test_plan_numbers_by_hand():
     plan = refit_plan(shapes, 4, bound=2 * MIB, world=4, engine_tp=2, device="cuda", transport="ipc")
     assert [(b.names, b.nbytes) for b in plan.buckets] == [(("a", "b"), 1.5 * MIB), (("c",), 3 * MIB)]
     assert plan.total_bytes == 4.5 * MIB and plan.peak_bytes == 3 * MIB  # the oversized tensor sets the peak
-    assert plan.buffer_bytes == 3 * MIB  # it travels alone, in a buffer of its size
+    assert [b.buffer for b in plan.buckets] == [2 * MIB, 3 * MIB]  # it travels alone, in a buffer of its size
+    assert plan.buffer_bytes == 3 * MIB and plan.held_buffer_bytes == 2 * MIB
     small = refit_plan({"a": (8,)}, 4, bound=2 * MIB, world=1, engine_tp=1, device="cpu", transport="ipc")
-    assert small.buffer_bytes == 2 * MIB  # the buffer is the bound otherwise
+    assert small.buffer_bytes == small.held_buffer_bytes == 2 * MIB  # the buffer is the bound otherwise
     assert plan.groups == ((0, 1), (2, 3)) and plan.sources == (0, 1)
     text = plan.describe()
-    assert "2 bucket(s) of ≤ 2 MiB, 4.5 MiB in all, largest 3.0 MiB, staging buffer 3.0 MiB per sending rank" in text
+    assert ("2 bucket(s) of ≤ 2 MiB, 4.5 MiB in all, largest 3.0 MiB, staging buffer 2.0 MiB per sending rank (1 "
+            "tensor(s) over the bound alone in a buffer of their own, up to 3.0 MiB, freed after each)") in text
     assert "engine on rank 2: group [2, 3]; worker 0 ← rank 2, worker 1 ← rank 3" in text
+
+
+def test_an_embedding_first_does_not_size_the_staging_buffer_of_the_whole_refit():
+    """Export order of a Llama: the embedding (over the bound) first, the layers, the output head (over the bound)
+    last. 4-byte elements, bound 4 MiB: embed 6 MiB, layers a, b, c of 1.5 MiB, a 16-byte norm, head 6 MiB.
+
+    Cut by hand: [embed] alone (6 > 4); a + b = 3 MiB, + c = 4.5 > 4 → [a, b]; c + norm = 1.5 MiB + 16 B → [c, norm];
+    [head] alone. Buffers: 6 MiB (its own, freed after), 4, 4 (the bound-sized one, reused), 6 (its own). Before,
+    the first reservation (6 MiB) stayed for the whole refit: every bucket went through a 6 MiB buffer."""
+    floats = MIB // 4
+    shapes = {"embed": (6 * floats,), "a": (floats * 3 // 2,), "b": (floats * 3 // 2,), "c": (floats * 3 // 2,),
+              "norm": (4,), "head": (6 * floats,)}
+    plan = refit_plan(shapes, 4, bound=4 * MIB, world=2, engine_tp=2, device="cpu", transport="ipc")
+    assert [b.names for b in plan.buckets] == [("embed",), ("a", "b"), ("c", "norm"), ("head",)]
+    assert [b.nbytes for b in plan.buckets] == [6 * MIB, 3 * MIB, 1.5 * MIB + 16, 6 * MIB]
+    assert [b.buffer for b in plan.buckets] == [6 * MIB, 4 * MIB, 4 * MIB, 6 * MIB]
+    assert plan.held_buffer_bytes == 4 * MIB and plan.buffer_bytes == 6 * MIB
+    every_tensor_alone = refit_plan({"embed": (6 * floats,)}, 4, bound=4 * MIB, world=1, engine_tp=1, device="cpu",
+                                    transport="ipc")
+    assert every_tensor_alone.held_buffer_bytes == 0 and every_tensor_alone.buffer_bytes == 6 * MIB
 
 
 def test_rpc_refit_copies_to_the_host_only_on_engine_ranks_and_drains_elsewhere():

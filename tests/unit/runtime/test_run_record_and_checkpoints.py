@@ -35,16 +35,20 @@ from nemo_hacpo.runtime.run_record import (
     identity_changes,
     write_record,
 )
+from nemo_hacpo.training.checkpoint_files import bytes_record
 
 
 class _SavingGroup:
-    """Stands in for an AgentGroup: `save_checkpoint` writes two shard files where a trainer would."""
+    """Stands in for an AgentGroup: `save_checkpoint` writes two shard files where a trainer would, and records
+    them as the writing rank does (size and digest of the bytes it wrote)."""
 
-    def save_checkpoint(self, path, step):
+    def save_checkpoint(self, path, step, digest=None):
+        files = {"__0_0.distcp": bytes(range(256)) * 64, ".metadata": f"step {step}".encode()}
         Path(path).mkdir(parents=True)
-        (Path(path) / "__0_0.distcp").write_bytes(bytes(range(256)) * 64)
-        (Path(path) / ".metadata").write_bytes(f"step {step}".encode())
-        return SimpleNamespace(result=lambda: None)
+        for name, data in files.items():
+            (Path(path) / name).write_bytes(data)
+        records = {name: bytes_record(data, digest) for name, data in files.items()}
+        return SimpleNamespace(result=lambda: records)
 
 
 def _saved(tmp_path, *steps, hashes=True):
@@ -193,6 +197,64 @@ def test_a_damaged_newest_checkpoint_is_skipped_naming_the_file(tmp_path, caplog
     assert f"{newest} failed verification" in caplog.text and expected in caplog.text
     assert not newest.exists() and len(list(newest.parent.glob("step_000002.corrupt-*"))) == 1  # moved, kept
     assert [c.step for c in checkpoints(tmp_path)] == [1]
+
+
+def test_the_driver_builds_the_manifest_from_the_writers_records_without_reading_a_shard(tmp_path, monkeypatch):
+    """The writers (the ranks) hash what they write; the driver only lists the folder and compares sizes — no
+    read of any file under agents/ (before, it hashed the whole checkpoint itself after each save: tens of minutes
+    for pair_large's ~1.3 TB). A flipped byte is still caught on resume, where the digests are checked."""
+    import builtins
+    import pathlib
+
+    agents = str(tmp_path / "checkpoints")
+    real_open, real_path_open = builtins.open, pathlib.Path.open
+
+    def no_reading(file, mode="r", *args, **kwargs):
+        if "r" in mode and "+" not in mode and f"{agents}" in str(file) and "/agents/" in str(file):
+            raise AssertionError(f"the driver read {file}")
+        return real_open(file, mode, *args, **kwargs)
+
+    def no_path_reading(self, mode="r", *args, **kwargs):
+        if "r" in mode and "+" not in mode and "/agents/" in str(self):
+            raise AssertionError(f"the driver read {self}")
+        return real_path_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", no_reading)
+    monkeypatch.setattr(pathlib.Path, "open", no_path_reading)
+    found = _saved(tmp_path, 1, 2)
+    monkeypatch.undo()
+    manifest = json.loads((found[2].path / MANIFEST_FILE).read_text())
+    assert manifest["files"]["agents/a/__0_0.distcp"] == bytes_record(bytes(range(256)) * 64, manifest["algorithm"])
+    shard = found[2].path / "agents" / "a" / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert latest_checkpoint(tmp_path).step == 1
+
+
+def test_a_file_its_writer_did_not_report_or_recorded_at_another_size(tmp_path, caplog):
+    from nemo_hacpo.runtime.run_checkpoint import CheckpointError
+
+    class _Writer(_SavingGroup):
+        def __init__(self, change):
+            self.change = change
+
+        def save_checkpoint(self, path, step, digest=None):
+            call = super().save_checkpoint(path, step, digest)
+            records = call.result()
+            if self.change == "unreported":
+                (Path(path) / "extra.bin").write_bytes(b"abc")
+            else:
+                records["__0_0.distcp"] = {**records["__0_0.distcp"], "bytes": 1}
+            return SimpleNamespace(result=lambda: records)
+
+    with caplog.at_level("WARNING"):
+        save_run_checkpoint(tmp_path, 1, {"step": 1}, {"a": _Writer("unreported")})
+    assert "extra.bin was not reported by the rank that wrote it; the driver hashes it" in caplog.text
+    assert latest_checkpoint(tmp_path).problems() == []
+    with pytest.raises(CheckpointError, match=r"__0_0.distcp: 16384 bytes on disk, its writer recorded 1"):
+        save_run_checkpoint(tmp_path, 2, {"step": 2}, {"a": _Writer("size")})
+    assert [c.step for c in checkpoints(tmp_path)] == [1]  # nothing half-written took its place
 
 
 def test_a_checkpoint_from_before_manifests_is_used_with_a_warning(tmp_path, caplog):

@@ -29,6 +29,7 @@ from nemo_hacpo.runtime.run_checkpoint import (
 from nemo_hacpo.runtime.step_log import drop_records_after
 from nemo_hacpo.runtime.warmstart import warm_start_key, warm_start_seed
 from nemo_hacpo.runtime.worker import OldLogprobs
+from nemo_hacpo.training.checkpoint_files import bytes_record
 
 
 def _response(b, g, ids, text, reason, logprobs):
@@ -106,10 +107,10 @@ class _SavingGroup:
     """Stands in for an AgentGroup in save_run_checkpoint: `save_checkpoint` writes a file where the trainer
     would, and its pending call returns nothing."""
 
-    def save_checkpoint(self, path, step):
+    def save_checkpoint(self, path, step, digest=None):
         Path(path).mkdir(parents=True)
         (Path(path) / "weights").write_text(str(step))
-        return SimpleNamespace(result=lambda: None)
+        return SimpleNamespace(result=lambda: {"weights": bytes_record(str(step).encode(), digest)})
 
 
 def test_keep_last_n_never_prunes_the_checkpoint_just_written(tmp_path):
@@ -337,6 +338,7 @@ def test_refit_hands_cached_memory_back_before_each_engine_wake(tmp_path, monkey
     """Colocated CUDA order: the allocator's cache is emptied before the engine re-allocates its weights, and
     again (the refit's gather buffers) before its KV cache. Recorded on CPU with the allocator call replaced."""
     import nemo_hacpo.models.hf_conversion as hf_conversion
+    from nemo_hacpo.rollout.engine_group import EngineGroup
     from nemo_hacpo.rollout.refit import RpcRefit
     from nemo_hacpo.runtime import worker
     from nemo_hacpo.runtime.worker import AgentRank
@@ -363,6 +365,7 @@ def test_refit_hands_cached_memory_back_before_each_engine_wake(tmp_path, monkey
     rank.trainer = SimpleNamespace(module=None, model_parallel=None)
     rank.arch, rank.engine = None, Engine()
     rank.refit_strategy = RpcRefit(0, [0], 1 << 20)  # what setup() picks for rollout.refit_transport: rpc
+    rank.engine_group = EngineGroup(0)  # alone: no barrier to wait at (the group's order: test_engine_transitions)
     assert rank.refit() == "stats"
     assert events == ["empty_cache", "wake weights", "export", "load model.norm.weight", "empty_cache",
                       "wake kv_cache"]
