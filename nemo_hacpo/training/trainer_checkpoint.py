@@ -41,10 +41,13 @@ if TYPE_CHECKING:
 META_FILE = "nemo_hacpo_trainer.json"
 REFERENCE_PREFIX = "reference."  # keeps the reference model's global tensor keys apart from the policy's
 DISTRIBUTED_OPTIMIZER_FORMATS = ("fully_reshardable", "dp_reshardable")
-"""`fully_reshardable` (default): the distributed optimizer gathers its state on DP rank 0 at save time into
-one tensor per parameter, so any TP/PP/DP layout can load it. `dp_reshardable`: every rank writes its own
-buffer shards, no gather (faster for large models), reloadable only at the same TP/PP (any DP). Megatron
-0.16's third format, `fully_sharded_model_space`, fails ("ShardedTensor.flattened_range is not supported")."""
+"""`agent.optimizer.checkpoint_format`. `fully_reshardable` (default): the distributed optimizer gathers its state
+onto DP rank 0 at save time into one tensor per parameter, so any TP/PP/DP layout can load it — with Megatron's
+memory-efficient gather (`distrib_optim_fully_reshardable_mem_efficient`: over the gloo DP group, onto DP rank 0
+only; its default all-gathers over NCCL through GPU buffers and leaves a full host copy of the state on *every*
+DP rank). `dp_reshardable`: every rank writes its own buffer shards, no gather (faster for large models, and no
+host copy beyond what each rank writes), reloadable only at the same TP/PP (any DP). Megatron 0.16's third
+format, `fully_sharded_model_space`, fails ("ShardedTensor.flattened_range is not supported")."""
 
 
 def _layout(trainer: MegatronTrainer) -> dict[str, int]:
@@ -154,7 +157,8 @@ def sharded_trainer_state(trainer: MegatronTrainer, *, is_loading: bool, with_rn
         if is_loading:
             _allocate_distributed_optimizer_state(trainer.optimizer)
         state["optimizer"] = trainer.optimizer.sharded_state_dict(
-            model_state, is_loading=is_loading, metadata={"distrib_optim_sharding_type": optimizer_format})
+            model_state, is_loading=is_loading, metadata={"distrib_optim_sharding_type": optimizer_format,
+                                                          "distrib_optim_fully_reshardable_mem_efficient": True})
     state |= {
         "scheduler": trainer.scheduler.state_dict(),
         "trainer": {"updates_done": trainer.updates_done, "last_step": trainer.last_step},
@@ -173,14 +177,37 @@ def _barrier() -> None:
     dist.barrier()
 
 
+def release_host_cache() -> bool:
+    """Hand torch's cached pinned host blocks back to the OS (CUDA only; returns whether it did).
+
+    torch's CachingHostAllocator keeps every freed pinned block for reuse and never returns it by itself
+    (`torch/include/ATen/core/CachingHostAllocator.h`). A save meets two sets of them: the optimizer offload's
+    buffers (`training.memory`), freed into the cache when the state came back to the GPU for the save, and the
+    writer's own pinned copies (torch_dist moves each tensor it writes with `.to("cpu", non_blocking=True)`,
+    which pins the destination). Emptying the cache before and after the write keeps the two from adding up.
+    """
+    if not torch.cuda.is_available():
+        return False
+    torch._C._host_emptyCache()
+    return True
+
+
+def checkpoint_format(trainer: MegatronTrainer) -> str:
+    """The agent's `optimizer.checkpoint_format` (`fully_reshardable` for configs that predate it)."""
+    return getattr(trainer.agent.optimizer, "checkpoint_format", "fully_reshardable")
+
+
 def save_checkpoint(trainer: MegatronTrainer, directory: str | Path, *, step: int | None = None,
-                    optimizer_format: str = "fully_reshardable") -> str:
+                    optimizer_format: str | None = None) -> str:
     """Collective over the agent's ranks: write the trainer state to `directory` atomically; returns its path.
 
-    `optimizer_format` matters only with the distributed optimizer (`DISTRIBUTED_OPTIMIZER_FORMATS`).
+    `optimizer_format` matters only with the distributed optimizer (`DISTRIBUTED_OPTIMIZER_FORMATS`; None: the
+    agent's `optimizer.checkpoint_format`). On CUDA the host cache is released before and after the write
+    (`release_host_cache`).
     """
     from megatron.core import dist_checkpointing
 
+    optimizer_format = optimizer_format or checkpoint_format(trainer)
     final = Path(directory).resolve()
     staging = final.with_name(final.name + ".tmp")
     is_writer = dist.get_rank() == 0
@@ -189,9 +216,12 @@ def save_checkpoint(trainer: MegatronTrainer, directory: str | Path, *, step: in
             shutil.rmtree(staging)
         staging.mkdir(parents=True)
     _barrier()
+    release_host_cache()
     state = sharded_trainer_state(trainer, is_loading=False, with_optimizer=trainer.updates_done > 0,
                                   optimizer_format=optimizer_format)
     dist_checkpointing.save(state, str(staging))
+    del state  # the gathered host copies (fully_reshardable on DP rank 0) go before the cache is released
+    release_host_cache()
     _barrier()
     if is_writer:
         meta = {"layout": _layout(trainer), "step": step if step is not None else trainer.last_step,
