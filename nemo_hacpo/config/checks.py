@@ -14,7 +14,6 @@ from nemo_hacpo.algo.registry import ALGORITHMS
 from nemo_hacpo.config.schema import AgentConfig, HacpoConfig, RuntimeConfig
 from nemo_hacpo.config.typed import ConfigError, ConfigIssue, from_plain
 
-
 FP8_PARAM_UNPROVEN = (
     "the weight export to vLLM is unproven with FP8 parameters: Transformer Engine keeps them as quantized tensor "
     "subclasses (FP8 data + scales), and the refit and HF export all-gather each TP shard with a plain "

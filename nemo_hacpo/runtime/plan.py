@@ -45,7 +45,14 @@ from nemo_hacpo.config import AgentConfig, ConfigError, ConfigIssue, HacpoConfig
 from nemo_hacpo.models.architecture import ModelArch
 from nemo_hacpo.models.hf_layouts import hf_tensor_shapes
 from nemo_hacpo.rollout.refit import MIB, refit_plan
-from nemo_hacpo.runtime.plan_host import AgentHost, CheckpointIO, NodeHost, agent_host, checkpoint_io, node_hosts
+from nemo_hacpo.runtime.plan_host import (
+    AgentHost,
+    CheckpointIO,
+    NodeHost,
+    agent_host,
+    checkpoint_io,
+    node_hosts,
+)
 from nemo_hacpo.runtime.plan_model import (
     CUDA_CONTEXT_GIB,
     DTYPE_BYTES,

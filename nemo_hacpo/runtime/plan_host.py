@@ -42,8 +42,14 @@ from dataclasses import dataclass
 
 from nemo_hacpo.config import AgentConfig, HacpoConfig
 from nemo_hacpo.models.architecture import ModelArch
-from nemo_hacpo.runtime.plan_model import DTYPE_BYTES, GIB, VLLM_GRAPH_POOLS_GIB, pinned_gib, serving_tensors, \
-    stage_tensors
+from nemo_hacpo.runtime.plan_model import (
+    DTYPE_BYTES,
+    GIB,
+    VLLM_GRAPH_POOLS_GIB,
+    pinned_gib,
+    serving_tensors,
+    stage_tensors,
+)
 
 PROCESS_HOST_GIB = 3.0
 """Per process. measured: 0.5 GiB resident after importing torch + megatron-core + transformers (or torch + vLLM

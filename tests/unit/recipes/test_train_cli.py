@@ -64,7 +64,7 @@ def test_plan_of_checkpoints_without_tokenizer_files(tmp_path):
     import json
     import os
 
-    from tests.unit.runtime.test_plan import LLAMA_33_70B, QWEN3_8B
+    from tests.helpers.large_models import LLAMA_33_70B, QWEN3_8B
 
     env = dict(os.environ)
     for name, hf in (("HACPO_LLAMA70B_PATH", LLAMA_33_70B), ("HACPO_QWEN8B_PATH", QWEN3_8B)):

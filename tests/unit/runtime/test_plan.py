@@ -8,8 +8,6 @@ pools and reload buffer, and said qwen8b trained in 68.0 GiB under a 72 limit; t
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from nemo_hacpo.config import load_config
@@ -18,17 +16,6 @@ from nemo_hacpo.runtime.plan import format_plan, parameter_counts, plan_agent, p
 from nemo_hacpo.runtime.plan_model import pinned_gib, pow2ceil, stage_tensors
 
 GIB = 1024**3
-LLAMA_33_70B = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-                "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "hidden_act": "silu",
-                "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-                "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                 "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-                "tie_word_embeddings": False}
-QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-            "hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-            "tie_word_embeddings": False}
-
 # llama70b at tp=8, pp=4 — one TP rank of stage 0: the padded embedding (128256 → 129024 rows, a multiple of
 # 128·8) / 8, and 20 layers of qkv (8192 + 2·1024)·8192/8, proj 8192²/8, fc1 2·28672·8192/8, fc2 8192·28672/8
 # and two RMSNorm weights of 8192
@@ -41,18 +28,6 @@ LLAMA_TOTAL = 2 * 128256 * 8192 + 80 * (8192 * 10240 + 8192 * 8192 + 3 * 28672 *
 QWEN_LAYER = 6144 * 2048 + 4096 * 2048 + 2 * 12288 * 2048 + 4096 * 6144 + 2 * 4096 + 2 * 128  # 96,477,440
 QWEN_PS = 2 * 76032 * 4096 + 4096 + 36 * QWEN_LAYER  # 4,096,046,080
 LIMIT = 0.9 * 79.6
-
-
-@pytest.fixture
-def large_env(tmp_path, monkeypatch):
-    for name, hf in (("HACPO_LLAMA70B_PATH", LLAMA_33_70B), ("HACPO_QWEN8B_PATH", QWEN3_8B)):
-        path = tmp_path / name
-        path.mkdir()
-        (path / "config.json").write_text(json.dumps(hf))  # shapes only: planning needs no weights
-        monkeypatch.setenv(name, str(path))
-    for name in ("HACPO_TRAIN_DATA", "HACPO_EVAL_DATA"):
-        monkeypatch.setenv(name, str(tmp_path / "math.jsonl"))
-    return tmp_path
 
 
 def _plans(config: str = "pair_large", overrides: tuple[str, ...] = ()):

@@ -10,7 +10,7 @@ from nemo_hacpo.config import ConfigError, load_config
 from nemo_hacpo.models.architecture import model_arch
 from nemo_hacpo.runtime.plan import format_plan, plan_run, startup_plan
 from nemo_hacpo.runtime.plan_host import agent_host, node_slots
-from tests.unit.runtime.test_plan import LLAMA_PS, LLAMA_TOTAL, QWEN_PS, large_env  # noqa: F401 (fixture)
+from tests.unit.runtime.test_plan import LLAMA_PS, LLAMA_TOTAL, QWEN_PS
 
 GIB = 1024**3
 # llama70b's busiest rank (tp=8, pp=4): pinned blocks are powers of two. fp32 (4 bytes): the embedding shard
