@@ -45,7 +45,10 @@ from nemo_hacpo.config import AgentConfig, ConfigError, ConfigIssue, HacpoConfig
 from nemo_hacpo.models.architecture import ModelArch
 from nemo_hacpo.models.hf_layouts import hf_tensor_shapes
 from nemo_hacpo.rollout.refit import MIB, refit_plan
+from nemo_hacpo.rollout.settings import CPU_AUTO_FRACTION
 from nemo_hacpo.runtime.plan_host import (
+    BLAKE3_GBPS_PER_CORE,
+    SHARED_FS_READ_GBPS,
     AgentHost,
     CheckpointIO,
     NodeHost,
@@ -76,10 +79,6 @@ from nemo_hacpo.runtime.plan_model import (
 
 __all__ = ["AgentPlan", "RunPlan", "format_plan", "fp8_notes", "parameter_counts", "plan_agent", "plan_run", "startup_plan",
            "total_parameters"]
-
-CPU_AUTO_UTILIZATION = 0.5
-"""`gpu_memory_utilization: auto` on CPU: the default (the CPU fraction is capped by `rollout.settings`)."""
-
 
 @dataclass(frozen=True)
 class AgentPlan:
@@ -171,7 +170,7 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
 
     vllm_tp = roll.tensor_parallel_size
     if not on_gpu:
-        utilization = CPU_AUTO_UTILIZATION if roll.gpu_memory_utilization == "auto" else roll.gpu_memory_utilization
+        utilization = CPU_AUTO_FRACTION if roll.gpu_memory_utilization == "auto" else roll.gpu_memory_utilization
     elif roll.gpu_memory_utilization == "auto":
         utilization = math.floor(100 * (limit - fixed - (resident if colocated else 0.0)) / gpu_memory) / 100
     else:
@@ -280,7 +279,7 @@ def plan_run(cfg: HacpoConfig, archs: list[ModelArch], notes: tuple[str, ...] = 
 def startup_plan(cfg: HacpoConfig) -> tuple[HacpoConfig, RunPlan]:
     """The driver's start-up check on CUDA: the plan of `cfg`, refused (one `ConfigError` naming the keys) when a
     phase cannot fit; returns the config with every `gpu_memory_utilization: auto` replaced by the plan's value
-    (on CPU: CPU_AUTO_UTILIZATION), and the plan."""
+    (on CPU: `rollout.settings.CPU_AUTO_FRACTION`), and the plan."""
     from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.models.tokenizers import load_tokenizer
     from nemo_hacpo.runtime.preflight import tokenizer_source
@@ -340,7 +339,8 @@ def format_plan(plan: RunPlan | list[AgentPlan], cfg: HacpoConfig) -> str:
     if cuda:
         used, have = sum(p.gpus for p in plans), cluster.num_nodes * cluster.gpus_per_node
         lines.append(f"GPUs: {used} of {have} used; limit = {MARGIN:.0%} of each GPU's {cluster.gpu_memory_gib:.1f} GiB, "
-                     "CUDA contexts and NCCL counted")
+                     "CUDA contexts and NCCL counted; the refit's buffers are released on every rank before the "
+                     "engine wakes its KV cache (a rank keeping them would hold them through generation too)")
     if plan.nodes:
         have = f"{cluster.host_memory_gib:.0f}" if cluster.host_memory_gib is not None else "not set"
         lines += ["", f"| node | GPUs | generate / train | refit | checkpoint | host RAM GiB (node: {have}) |",
@@ -353,9 +353,9 @@ def format_plan(plan: RunPlan | list[AgentPlan], cfg: HacpoConfig) -> str:
     io = plan.checkpoint
     if io.total_bytes:
         lines.append(f"checkpoint: {io.total_bytes / 1e12:.2f} TB; hashing in the driver after the save ~"
-                     f"{io.driver_serial_s / 60:.0f} min (every byte read back at ≤ 2 GB/s), in the writers ~"
+                     f"{io.driver_serial_s / 60:.0f} min (every byte read back at ≤ {SHARED_FS_READ_GBPS:.0f} GB/s), in the writers ~"
                      f"{io.per_writer_s:.0f} s (each rank its own files in parallel, the largest "
-                     f"{io.largest_writer_bytes / 1e9:.0f} GB at 1.12 GB/s blake3 per core, measured)")
+                     f"{io.largest_writer_bytes / 1e9:.0f} GB at {BLAKE3_GBPS_PER_CORE:.1f} GB/s of blake3 per core)")
     for p in plans:
         lines.extend(f"  ✗ {p.name}: {problem}" for problem in p.problems)
     lines.extend(f"  {note}" for note in plan.notes)

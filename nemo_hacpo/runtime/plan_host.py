@@ -56,9 +56,10 @@ PROCESS_HOST_GIB = 3.0
 + transformers) on the CPU machine (`resource.getrusage` maxrss); + the CUDA libraries' and context's host
 memory (cuBLAS, cuDNN, NCCL, Transformer Engine map hundreds of MB each) — an estimate, 2.5 GiB."""
 
-BLAKE3_GBPS_PER_CORE = 1.12
-"""measured: blake3 1.0.11 hashes 1123 MB/s on one thread of this machine's AMD EPYC (256 MiB in memory, best
-of 4); 1201 MB/s with its own threads on the 2 shared cores. sha256: 300 MB/s."""
+BLAKE3_GBPS_PER_CORE = 1.0
+"""measured (`benchmarks/hash_rate.py`, 256 MiB in memory): blake3 1.0.11 on one thread of this machine's AMD
+EPYC (AVX-512) reaches 5.7 GB/s at best and 0.7–1.1 GB/s while the shared machine is loaded (sha256: 1.7 GB/s at
+best). The plan takes 1.0: a writer hashes while the other 15 processes of its node write and hash too."""
 
 SHARED_FS_READ_GBPS = 2.0
 """Assumption: one client's sequential read from the shared file system (a parallel file system gives one

@@ -102,6 +102,11 @@ def _keep_restored_adam_step(optimizer) -> Iterator[None]:
     groups, then the `fully_reshardable` loader hands `_set_main_param_and_optimizer_states` the saved
     tensors without `step` (it skips it on purpose) and that method copies *every* state key:
     `KeyError: 'step'`. Here the restored step is passed along (a copy onto itself); nothing else changes.
+
+    The `dp_reshardable` loader (`load_parameter_state_from_dp_reshardable`) calls the same method outside
+    `torch.no_grad()`, and its in-place copy into the fp32 main parameter — a view of a leaf that requires grad —
+    raises "a view of a leaf Variable that requires grad is being used in an in-place operation" (found by
+    tests/integration/training/test_trainer_checkpoint.py); the copy runs under `no_grad` here.
     """
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
@@ -117,7 +122,8 @@ def _keep_restored_adam_step(optimizer) -> Iterator[None]:
             state = _inner.optimizer.state.get(main_param, {})
             if "step" in state and "step" not in tensors:
                 tensors = {**tensors, "step": state["step"]}
-            return _original(model_param, tensors)
+            with torch.no_grad():
+                return _original(model_param, tensors)
 
         inner._set_main_param_and_optimizer_states = set_states
         patched.append(inner)

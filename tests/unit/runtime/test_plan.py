@@ -13,7 +13,7 @@ import pytest
 from nemo_hacpo.config import load_config
 from nemo_hacpo.models.architecture import arch_from_hf, model_arch
 from nemo_hacpo.runtime.plan import format_plan, parameter_counts, plan_agent, plan_run, total_parameters
-from nemo_hacpo.runtime.plan_model import pinned_gib, pow2ceil, stage_tensors
+from nemo_hacpo.runtime.plan_model import H100_REPORTED_GIB, pinned_gib, pow2ceil, stage_tensors
 
 GIB = 1024**3
 # llama70b at tp=8, pp=4 — one TP rank of stage 0: the padded embedding (128256 → 129024 rows, a multiple of
@@ -57,7 +57,7 @@ def test_public_model_sizes_and_the_busiest_ranks_tensors(large_env):
 
 def test_pair_large_every_term_by_hand(large_env):
     (llama, qwen), cfg = _plans()
-    assert cfg.runtime.cluster.gpu_memory_gib == 79.6  # what an H100 80 GB reports, not 80
+    assert cfg.runtime.cluster.gpu_memory_gib == H100_REPORTED_GIB == 79.6  # what an H100 80 GB reports, not 80
     assert [p.gpus for p in (llama, qwen)] == [32, 8] and llama.fits and qwen.fits
     # two processes per GPU (trainer + vLLM worker), 0.75 GiB of CUDA context each; NCCL 0.5 GiB per
     # communicator: llama's world, TP, pipeline and embedding groups + vLLM's TP group = 5; qwen's world, TP, DP + 1
@@ -87,7 +87,7 @@ def test_pair_large_every_term_by_hand(large_env):
                                               + 2 * 129024 * 8192 * 2 / GIB + 2 * embedding + 16032 * 8192 * 2 / GIB)
     assert all(p.peak <= LIMIT for p in (llama, qwen))
     text = format_plan(plan_run(cfg, [model_arch(a) for a in cfg.agents]), cfg)
-    assert "GPUs: 40 of 40 used; limit = 90% of each GPU's 79.6 GiB, CUDA contexts and NCCL counted" in text
+    assert "GPUs: 40 of 40 used; limit = 90% of each GPU's 79.6 GiB, CUDA contexts and NCCL counted;" in text
     assert "| agent | train | generate | refit | checkpoint | peak GiB/GPU (limit 71.6) | fits |" in text
 
 
