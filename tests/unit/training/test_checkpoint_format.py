@@ -9,7 +9,11 @@ from types import SimpleNamespace
 import torch
 
 from nemo_hacpo.config import load_config
-from nemo_hacpo.training.trainer_checkpoint import DISTRIBUTED_OPTIMIZER_FORMATS, checkpoint_format, release_host_cache
+from nemo_hacpo.training.trainer_checkpoint import (
+    DISTRIBUTED_OPTIMIZER_FORMATS,
+    checkpoint_format,
+    release_host_cache,
+)
 
 
 def test_the_format_is_the_agents_and_older_configs_keep_the_default():
