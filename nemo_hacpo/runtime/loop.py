@@ -411,6 +411,8 @@ def startup_checks(cfg: HacpoConfig) -> HacpoConfig:
         warning = check_cuda_driver()
         if warning:
             logger.warning(warning)
+    for note in fp8_notes(cfg):  # what the train/sample mismatch metric will show
+        logger.warning(note)
     if cfg.runtime.cluster.device == "cuda" or any(a.rollout.gpu_memory_utilization == "auto" for a in cfg.agents):
         check_agents(cfg)  # the plan reads the tokenizers and checkpoint configs
         cfg, plan = startup_plan(cfg)
@@ -418,8 +420,6 @@ def startup_checks(cfg: HacpoConfig) -> HacpoConfig:
             logger.info("plan: agent %s peaks at %.1f GiB per GPU (limit %.1f); vLLM gpu_memory_utilization %.2f, "
                         "KV cache %.1f GiB (%d full-length sequences)", p.name, p.peak, p.limit, p.vllm_utilization,
                         p.kv_cache, p.kv_cache_sequences)
-    for note in fp8_notes(cfg):
-        logger.warning(note)
     return cfg
 
 

@@ -101,7 +101,11 @@ def _keep_restored_adam_step(optimizer) -> Iterator[None]:
     torch's Adam keeps a per-parameter `step` in its state. `load_state_dict` restores it from the param
     groups, then the `fully_reshardable` loader hands `_set_main_param_and_optimizer_states` the saved
     tensors without `step` (it skips it on purpose) and that method copies *every* state key:
-    `KeyError: 'step'`. Here the restored step is passed along (a copy onto itself); nothing else changes.
+    `KeyError: 'step'`. The `dp_reshardable` loader does hand it a `step`, but not the saved one: the 0-dim
+    per-parameter step is not restored from the shards, and the placeholder (the dummy state's 1) comes back
+    (measured: 2 updates saved, 1 loaded — a wrong Adam bias correction after a resume). Here the step
+    `load_state_dict` restored from the param groups is passed along in both cases (a copy onto itself);
+    nothing else changes.
 
     The `dp_reshardable` loader (`load_parameter_state_from_dp_reshardable`) calls the same method outside
     `torch.no_grad()`, and its in-place copy into the fp32 main parameter — a view of a leaf that requires grad —
@@ -120,7 +124,7 @@ def _keep_restored_adam_step(optimizer) -> Iterator[None]:
             group_index, group_order = _inner.model_param_group_index_map[model_param]
             main_param = _inner.optimizer.param_groups[group_index]["params"][group_order]
             state = _inner.optimizer.state.get(main_param, {})
-            if "step" in state and "step" not in tensors:
+            if "step" in state:  # the param groups' step, restored by load_state_dict before this call
                 tensors = {**tensors, "step": state["step"]}
             with torch.no_grad():
                 return _original(model_param, tensors)
