@@ -328,7 +328,7 @@ def format_plan(plan: RunPlan | list[AgentPlan], cfg: HacpoConfig) -> str:
     for p in plans:
         auto = " (auto)" if cfg.agent(p.name).rollout.gpu_memory_utilization == "auto" else ""
         lines.append(f"| {p.name} | {p.vllm_utilization:.2f}{auto} | {p.vllm_budget:.1f} | {p.vllm_weights:.1f} | "
-                     f"{p.vllm_activations:.1f} | {p.vllm_graphs:.1f} | {p.kv_cache:.1f} | {p.kv_cache_sequences:,.0f} | "
+                     f"{p.vllm_activations:.1f} | {p.vllm_graphs:.1f} | {p.kv_cache:.1f} | {math.floor(p.kv_cache_sequences):,} | "
                      f"{p.requests_per_engine} |")
     limit = f"{MARGIN * plans[0].gpu_memory:.1f}" if cuda and plans else "—"
     lines += ["", f"| agent | train | generate | refit | checkpoint | peak GiB/GPU (limit {limit}) | fits |",
