@@ -62,10 +62,25 @@ COPY nemo_hacpo ./nemo_hacpo
 COPY conf ./conf
 COPY recipes ./recipes
 COPY slurm ./slurm
+# Smoke test of the build. `import vllm` alone proves little: it swallows the failure of its compiled kernels
+# (vllm._C, loaded by the platform on first use) and of the sleep-mode allocator (vllm.cumem_allocator: without
+# it, enable_sleep_mode fails at the first engine start, hours into a job), and transformer_engine.pytorch loads
+# its extension transformer_engine_torch lazily. Each is imported by name here, so a broken build fails now.
+# A build has no NVIDIA driver (the container runtime mounts libcuda.so.1 when a job starts): the extensions that
+# link the CUDA driver API load against the devel image's stub, which resolves symbols and runs nothing. The
+# driver the image needs at run time — R580+, or the forward-compatibility package cuda-compat-13-0 — is checked
+# when a run starts (nemo_hacpo/runtime/cuda_driver.py).
 RUN pip install -c /opt/constraints.txt -e ".[eval]" && \
-    python -c "import torch, megatron.core, transformer_engine.pytorch, vllm, nemo_hacpo; \
-print('ok: torch', torch.__version__, 'vllm', vllm.__version__, 'megatron-core', megatron.core.__version__, \
-'TE', transformer_engine.__version__)"
+    mkdir -p /tmp/cuda-stubs && ln -s /usr/local/cuda/lib64/stubs/libcuda.so /tmp/cuda-stubs/libcuda.so.1 && \
+    LD_LIBRARY_PATH=/tmp/cuda-stubs:${LD_LIBRARY_PATH} python - <<'PY' && rm -r /tmp/cuda-stubs
+import importlib
+SMOKE_IMPORTS = ("torch", "megatron.core", "transformer_engine.pytorch", "transformer_engine_torch", "vllm",
+                 "vllm._C", "vllm.cumem_allocator", "nemo_hacpo")
+modules = {name: importlib.import_module(name) for name in SMOKE_IMPORTS}
+import megatron.core, torch, transformer_engine, vllm
+print("ok:", ", ".join(SMOKE_IMPORTS), "| torch", torch.__version__, "vllm", vllm.__version__,
+      "megatron-core", megatron.core.__version__, "TE", transformer_engine.__version__)
+PY
 
 ENTRYPOINT []
 CMD ["python", "recipes/train.py", "--help"]

@@ -49,17 +49,17 @@ def _compose(args: argparse.Namespace):
                            "groups by name (algo=gspo)") from err
 
 
-def print_plan(cfg) -> int:
+def print_plan(cfg, notes: list[str]) -> int:
+    """Print the plan (`runtime.plan`); exit status 2 when something cannot fit. `notes`: checks that were skipped."""
     from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.models.tokenizers import load_tokenizer
-    from nemo_hacpo.runtime.plan import format_plan, plan_agent
+    from nemo_hacpo.runtime.plan import format_plan, plan_run
 
-    plans = []
-    for agent in cfg.agents:
-        vocab = len(load_tokenizer(agent.tokenizer.source)) if agent.model.source == "tiny" else None
-        plans.append(plan_agent(agent, model_arch(agent, vocab), cfg))
-    print(format_plan(plans, cfg))
-    return 0 if all(p.fits for p in plans) else 2
+    archs = [model_arch(agent, len(load_tokenizer(agent.tokenizer.source)) if agent.model.source == "tiny" else None)
+             for agent in cfg.agents]  # HF models: shapes from config.json only
+    plan = plan_run(cfg, archs, tuple(notes))
+    print(format_plan(plan, cfg))
+    return 0 if plan.fits else 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,12 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.describe:
         print("\n".join(describe()))
         return 0
+    notes: list[str] = []
     try:
         cfg = validate(_compose(args))
         if args.plan:
             from nemo_hacpo.runtime.preflight import check_agents
 
-            check_agents(cfg)  # the plan reads the tokenizers: check them first
+            # the plan reads the tiny agents' tokenizers: check them first; an HF checkpoint without tokenizer
+            # files (sizing a cluster before the weights are copied) is planned without its vocabulary check
+            notes = check_agents(cfg, vocabulary_optional=True)
     except (ConfigError, ComposeError) as err:
         print(err, file=sys.stderr)
         return 2
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_config(cfg))
         return 0
     if args.plan:
-        return print_plan(cfg)
+        return print_plan(cfg, notes)
 
     from nemo_hacpo.runtime import train  # imports Ray, Megatron and vLLM lazily
 

@@ -14,6 +14,13 @@ from nemo_hacpo.algo.registry import ALGORITHMS
 from nemo_hacpo.config.schema import AgentConfig, HacpoConfig, RuntimeConfig
 from nemo_hacpo.config.typed import ConfigError, ConfigIssue, from_plain
 
+FP8_PARAM_UNPROVEN = (
+    "the weight export to vLLM is unproven with FP8 parameters: Transformer Engine keeps them as quantized tensor "
+    "subclasses (FP8 data + scales), and the refit and HF export all-gather each TP shard with a plain "
+    "torch.distributed.all_gather (models.hf_conversion) that has never been run on them — the engine could "
+    "receive raw FP8 bytes or a wrong dequantization, silently")
+"""Why `precision.fp8_param` is refused at start-up (issue #26, item 7)."""
+
 
 # ----------------------------------------------------------------------------------------- validation
 def _model_shape(agent: AgentConfig) -> dict[str, int] | None:
@@ -97,8 +104,9 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
         out.append(ConfigIssue(f"{key}.rollout.temperature", "must be > 0 for RL sampling", "use e.g. 1.0"))
     if not 0 < roll.top_p <= 1:
         out.append(ConfigIssue(f"{key}.rollout.top_p", f"must be in (0, 1], got {roll.top_p}", "use e.g. 1.0"))
-    if not 0 < roll.gpu_memory_utilization <= 1:
-        out.append(ConfigIssue(f"{key}.rollout.gpu_memory_utilization", "must be in (0, 1]", "use e.g. 0.5"))
+    if roll.gpu_memory_utilization != "auto" and not 0 < roll.gpu_memory_utilization <= 1:
+        out.append(ConfigIssue(f"{key}.rollout.gpu_memory_utilization", "must be in (0, 1] or 'auto'",
+                               "use e.g. 0.5, or auto (the plan's generate phase sizes it)"))
     if roll.tensor_parallel_size < 1:
         out.append(ConfigIssue(f"{key}.rollout.tensor_parallel_size", "must be ≥ 1", "use 1 or more"))
 
@@ -106,6 +114,10 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
     if opt.lr <= 0 or opt.min_lr < 0 or opt.min_lr > opt.lr:
         out.append(ConfigIssue(f"{key}.optimizer.lr", f"need 0 ≤ min_lr ≤ lr and lr > 0 (lr={opt.lr}, min_lr={opt.min_lr})",
                                "fix the learning rates"))
+    if opt.checkpoint_format == "dp_reshardable" and not opt.use_distributed_optimizer:
+        out.append(ConfigIssue(f"{key}.optimizer.checkpoint_format", "dp_reshardable is a format of the distributed "
+                               "optimizer's state", "set optimizer.use_distributed_optimizer: true, or keep "
+                               "checkpoint_format: fully_reshardable"))
 
     prec, device = agent.precision, cfg.runtime.cluster.device
     if device == "cpu" and prec.dtype != "fp32":
@@ -124,6 +136,10 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
         if prec.fp8_param and not opt.use_distributed_optimizer:
             out.append(ConfigIssue(f"{key}.precision.fp8_param", "FP8 parameters need the distributed optimizer",
                                    "set optimizer.use_distributed_optimizer: true"))
+    if prec.fp8_param:
+        out.append(ConfigIssue(f"{key}.precision.fp8_param", FP8_PARAM_UNPROVEN,
+                               "set precision.fp8_param: false — FP8 compute with bf16 weights (conf/pair_large_fp8.yaml) "
+                               "exports bf16 tensors to vLLM through the tested path"))
     if device == "cpu" and par.sequence_parallel:
         out.append(ConfigIssue(f"{key}.parallel.sequence_parallel", "not supported on CPU", "set it to false"))
 
@@ -199,6 +215,12 @@ def _check_algo(cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
 
 def _check_resources(cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
     cluster = cfg.runtime.cluster
+    if cluster.gpu_memory_gib <= 0:
+        out.append(ConfigIssue("runtime.cluster.gpu_memory_gib", f"must be > 0, got {cluster.gpu_memory_gib}",
+                               "use the device's memory in GiB (H100 80 GB: 79.6)"))
+    if cluster.host_memory_gib is not None and cluster.host_memory_gib <= 0:
+        out.append(ConfigIssue("runtime.cluster.host_memory_gib", f"must be > 0 or null, got {cluster.host_memory_gib}",
+                               "use one node's RAM in GiB (`free -g`), or null to skip the host check"))
     if cluster.device != "cuda":
         return
     gpus = cluster.num_nodes * cluster.gpus_per_node

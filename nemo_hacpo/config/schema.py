@@ -102,8 +102,11 @@ class RolloutConfig:
     """vLLM tensor-parallel size."""
     colocated: bool = True
     """Share the trainer's GPUs (sleep/wake between phases) instead of owning separate ones."""
-    gpu_memory_utilization: float = 0.5
-    """Fraction of GPU memory vLLM may take (on CPU: scaled by the KV-cache size below)."""
+    gpu_memory_utilization: float | Literal["auto"] = 0.5
+    """Fraction of GPU memory vLLM may take: its weights, activations, CUDA graphs and KV cache (on CPU: scaled by
+    the KV-cache size below). `auto`: what the plan's generate phase leaves on the busiest GPU next to the
+    colocated trainer's resident state, the two processes' CUDA contexts and NCCL buffers (`runtime.plan`,
+    resolved by the driver at start-up and shown by `--plan`; on CPU `auto` is 0.5)."""
     cpu_kvcache_gib: int = 1
     """KV-cache size on CPU (VLLM_CPU_KVCACHE_SPACE, GiB)."""
     enforce_eager: bool = False
@@ -153,6 +156,13 @@ class OptimizerConfig:
     """Schedule after warm-up."""
     use_distributed_optimizer: bool = True
     """Shard optimizer state over DP ranks (Megatron distributed optimizer)."""
+    checkpoint_format: Literal["fully_reshardable", "dp_reshardable"] = "fully_reshardable"
+    """How the distributed optimizer's state is saved (`training.trainer_checkpoint`). `fully_reshardable`: gathered
+    over gloo onto DP rank 0 (Megatron's memory-efficient gather), which writes one tensor per parameter; any
+    TP/PP/DP layout can resume from it, but DP rank 0 holds full host copies of its stage's state (12 bytes per
+    parameter of its TP shard, twice). `dp_reshardable`: every rank writes its own shard, nothing is gathered;
+    resumable at the same TP/PP only (any DP). With DP = 1 there is nothing to share the copies with: use
+    `dp_reshardable` for large models (pair_large's llama70b)."""
 
 
 @dataclass(frozen=True)
@@ -418,7 +428,11 @@ class ClusterConfig:
     gpus_per_node: int = 0
     """GPUs per node (0 on CPU)."""
     gpu_memory_gib: float = 80.0
-    """Memory of one GPU (H100 80 GB: 80; H200: 141), for the plan's fit check."""
+    """Memory of one GPU as the device reports it, for the plan's fit check (H100 80 GB: 79.6 — nvidia-smi's
+    81559 MiB)."""
+    host_memory_gib: float | None = None
+    """Host RAM of one node (GiB; `free -g`'s total), for the plan's host check: the driver refuses to start when
+    any phase needs more per node (`runtime.plan_host`); null = not checked (CPU runs)."""
     ray_address: str | None = None
     """Existing Ray cluster to join (`auto` under Slurm); null starts a local one."""
 

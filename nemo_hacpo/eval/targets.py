@@ -106,8 +106,18 @@ def _check_checkpoint(model_dir: Path, what: str) -> None:
                                 "holds config.json and the safetensors weights)")
 
 
+STANDALONE_GPU_MEMORY_UTILIZATION = 0.92
+"""What `rollout.gpu_memory_utilization: auto` means for an evaluation engine, alone on its GPUs: vLLM's own
+default (`vllm/config/cache.py`: 0.92 in vLLM 0.32)."""
+
+
 def _as_hf(agent: AgentConfig, name: str, model_dir: Path) -> AgentConfig:
-    return dataclasses.replace(agent, name=name, model=ModelSource(source="hf", path=str(model_dir)))
+    """The agent served from `model_dir`; `auto` engine memory (sized next to a trainer) becomes the standalone
+    engine's default."""
+    rollout = agent.rollout
+    if rollout.gpu_memory_utilization == "auto":
+        rollout = dataclasses.replace(rollout, gpu_memory_utilization=STANDALONE_GPU_MEMORY_UTILIZATION)
+    return dataclasses.replace(agent, name=name, model=ModelSource(source="hf", path=str(model_dir)), rollout=rollout)
 
 
 def run_targets(run_dir: str | Path, agents: Sequence[str] = ()) -> tuple[HacpoConfig, list[AgentTarget]]:

@@ -48,6 +48,8 @@ Device = Literal["cpu", "cuda"]
 GIB = 1 << 30
 VLLM_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 """precision.dtype → vLLM dtype name."""
+CPU_AUTO_FRACTION = 0.5
+"""`rollout.gpu_memory_utilization: auto` on CPU (then capped by `cpu_memory_fraction` like any value)."""
 CPU_MIN_MEMORY_FRACTION = 0.02
 """Smallest host-RAM fraction requested on CPU (vLLM checks this much is free at start-up)."""
 WORKER_EXTENSION = "nemo_hacpo.rollout.worker_extension.RefitWorkerExtension"
@@ -142,10 +144,15 @@ def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: st
     max_model_len = needed + 1 if positions is None or positions > needed else needed
     if device == "cpu":
         memory = total_host_memory_bytes() if total_memory_bytes is None else total_memory_bytes
-        fraction = cpu_memory_fraction(rollout.gpu_memory_utilization, rollout.cpu_kvcache_gib, memory)
+        requested = CPU_AUTO_FRACTION if rollout.gpu_memory_utilization == "auto" else rollout.gpu_memory_utilization
+        fraction = cpu_memory_fraction(requested, rollout.cpu_kvcache_gib, memory)
         kv_bytes: int | None = rollout.cpu_kvcache_gib * GIB
         sleep_mode = False
     else:
+        if rollout.gpu_memory_utilization == "auto":
+            raise ValueError(f"agent {agent.name!r}: rollout.gpu_memory_utilization is 'auto', which the plan resolves "
+                             "from the trainer's memory next to the engine (the training driver does it at start-up: "
+                             "nemo_hacpo.runtime.plan.startup_plan); an engine started on its own needs a number")
         fraction, kv_bytes = rollout.gpu_memory_utilization, None
         sleep_mode = rollout.colocated
     return EngineSettings(

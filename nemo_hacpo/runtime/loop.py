@@ -409,6 +409,30 @@ class _StopSignal:
         raise Terminated(self.received)
 
 
+def startup_checks(cfg: HacpoConfig) -> HacpoConfig:
+    """Before anything starts, on CUDA: the NVIDIA driver the container needs (`runtime.cuda_driver`) and the plan
+    (`runtime.plan.startup_plan`: every phase fits the GPUs and the nodes' host RAM, or one `ConfigError` naming
+    the keys). Returns the config with `rollout.gpu_memory_utilization: auto` resolved (CPU: 0.5)."""
+    from nemo_hacpo.runtime.plan import fp8_notes, startup_plan
+
+    if cfg.runtime.cluster.device == "cuda":
+        from nemo_hacpo.runtime.cuda_driver import check_cuda_driver
+
+        warning = check_cuda_driver()
+        if warning:
+            logger.warning(warning)
+    for note in fp8_notes(cfg):  # what the train/sample mismatch metric will show
+        logger.warning(note)
+    if cfg.runtime.cluster.device == "cuda" or any(a.rollout.gpu_memory_utilization == "auto" for a in cfg.agents):
+        check_agents(cfg)  # the plan reads the tokenizers and checkpoint configs
+        cfg, plan = startup_plan(cfg)
+        for p in plan.agents:
+            logger.info("plan: agent %s peaks at %.1f GiB per GPU (limit %.1f); vLLM gpu_memory_utilization %.2f, "
+                        "KV cache %.1f GiB (%d full-length sequences)", p.name, p.peak, p.limit, p.vllm_utilization,
+                        p.kv_cache, p.kv_cache_sequences)
+    return cfg
+
+
 def train(cfg: HacpoConfig) -> int:
     """Entry point of `recipes/train.py`: run the configured training to the end; the exit status (0 done,
     1 a worker failed, 2 a start-up check failed, 143 stopped by SIGTERM).
@@ -416,6 +440,7 @@ def train(cfg: HacpoConfig) -> int:
     On any stop the worker groups are shut down — engines first — before the process exits, so no vLLM process
     outlives the run; the message names the last complete checkpoint a rerun resumes from."""
     try:
+        cfg = startup_checks(cfg)
         run = HacpoRun(cfg)  # loads and checks the data
     except ConfigError as err:
         print(err, file=sys.stderr)

@@ -1,102 +1,134 @@
-"""The `--plan` dry run: per agent, GPUs, layout and an estimate of memory per GPU; refuse what cannot fit.
+"""The `--plan` dry run: per agent, GPUs, layout and memory per GPU phase by phase; per node, host RAM; refuse
+what cannot fit. The driver runs the same plan at start-up on CUDA (`startup_plan`), resolves
+`rollout.gpu_memory_utilization: auto` from it and refuses a misfit naming the key.
 
-Estimates (bytes per GPU of the busiest pipeline stage; P_s = that stage's parameters / TP):
+Per GPU of an agent's busiest rank, in GiB (P_s = the busiest stage's parameters on one TP rank; the constants
+and their sources are in `plan_model`):
 
+    fixed        CUDA contexts (CUDA_CONTEXT_GIB × 2 processes when colocated: the trainer and a vLLM worker)
+                 + NCCL (NCCL_COMMUNICATOR_GIB × the trainer's communicators, + 1 for a vLLM TP group)
     weights      P_s · bytes(dtype)                       (1 byte with fp8_param)
     gradients    P_s · 4                                  (fp32 main-grad buffers)
     optimizer    P_s · (8 + 4·[dtype ≠ fp32]) / DP_opt    (Adam m, v and fp32 master copy; DP_opt = DP with the
                                                            distributed optimizer, else 1)
-    activations  L · s · b · h · k · bytes/2               (Korthikanti et al. 2022, flash attention, no
-                 k = 34/TP with sequence parallel,          recompute; 1F1B keeps ~L layers' worth on stage 0)
-                 10 + 24/TP without
-    logits       s · b · V / TP · 4 · 3                   (fp32 logits + log-softmax + grad, last stage)
-    reference    P_s · bytes(dtype)                       (β > 0 without `offload_reference`: a frozen copy)
-    vLLM         gpu_memory_utilization · GPU memory      (its weights + KV cache, while it generates)
+    activations  `plan_model.activation_gib` (Korthikanti et al., no recompute, full-length micro-batches)
+    logits       s · b · V / TP · 4 · 3
+    reference    P_s · bytes(dtype)                       (β > 0 without `offload_reference`)
+    fp8 cache    linear weights · 2 bytes                 (FP8 training: Transformer Engine's quantized copies)
+    vLLM         gpu_memory_utilization · GPU memory: its weights, activation peak, CUDA-graph pools, KV cache
 
 Phases (a colocated engine sleeps while its GPUs train; `training.memory` describes the order):
 
-    train        weights + gradients + optimizer + activations + logits + reference     (engine asleep)
-    generate     resident + vLLM                 resident = weights + reference, + gradients + optimizer
-                                                 unless `offload_train_state` moves them to the host
-    refit        resident + vLLM weights + buffers   (KV cache still asleep; buffers: the export's gathered
-                                                 full HF tensor, + with `ipc` the sender's staging bucket and
-                                                 the engine worker's copy of it on the same GPU, each ≤ the
-                                                 larger of rollout.refit_bucket_mb and the largest tensor)
-    checkpoint   weights + gradients + optimizer + reference + gather   (engine asleep; the distributed
-                                                 optimizer's `fully_reshardable` save gathers each state key of
-                                                 the stage, un-sharded, on every DP rank: P_s · 4 bytes, plus
-                                                 its own shard's copy P_s · 4 / DP)
+    train        fixed + weights + gradients + optimizer + activations + logits + reference + fp8 cache
+    generate     fixed + resident + vLLM budget      (resident = weights + reference, + gradients + optimizer
+                                                      unless `offload_train_state` keeps them on the host)
+    refit        fixed + resident + vLLM weights + its graph pools (`wake_up(["weights"])` restores every
+                 non-deferrable pool) + the export's gathered tensor twice (the TP shards and their
+                 concatenation, held across the generator's `yield`) + with `ipc` the staging buffer and the
+                 worker's copy of a bucket (`rollout.refit.refit_plan`) + the layer-wise reload's largest module
+    checkpoint   fixed + weights + gradients + optimizer + reference    (engine asleep at level 1; neither
+                 optimizer format gathers on the GPU: `fully_reshardable` gathers over gloo on the host)
 
-The KV cache left to vLLM after its weights must hold at least one max-length sequence. These are
-estimates for planning, not guarantees: CUDA context, NCCL buffers and fragmentation take a few GB more
-(a 10 % margin is kept).
+`gpu_memory_utilization: auto` = ⌊(MARGIN · GPU − fixed − resident) / GPU⌋ to 0.01: the generate phase then
+uses the margin's limit exactly and the KV cache gets the rest of vLLM's budget. Every phase must stay under
+MARGIN · GPU memory; the KV cache must hold one full-length sequence; host RAM per node (`plan_host`) must stay
+under `runtime.cluster.host_memory_gib`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
-from nemo_hacpo.config import AgentConfig, HacpoConfig
+from nemo_hacpo.config import AgentConfig, ConfigError, ConfigIssue, HacpoConfig
 from nemo_hacpo.models.architecture import ModelArch
 from nemo_hacpo.models.hf_layouts import hf_tensor_shapes
 from nemo_hacpo.rollout.refit import MIB, refit_plan
+from nemo_hacpo.rollout.settings import CPU_AUTO_FRACTION
+from nemo_hacpo.runtime.plan_host import (
+    BLAKE3_GBPS_PER_CORE,
+    SHARED_FS_READ_GBPS,
+    AgentHost,
+    CheckpointIO,
+    NodeHost,
+    agent_host,
+    checkpoint_io,
+    node_hosts,
+)
+from nemo_hacpo.runtime.plan_model import (
+    CUDA_CONTEXT_GIB,
+    DTYPE_BYTES,
+    FP8_WEIGHT_CACHE_BYTES,
+    GIB,
+    MARGIN,
+    NCCL_COMMUNICATOR_GIB,
+    VLLM_GRAPH_POOLS_GIB,
+    activation_gib,
+    kv_bytes_per_token,
+    largest_gathered_bytes,
+    largest_module_bytes,
+    logits_gib,
+    parameter_counts,
+    stage_linear_weights,
+    stage_tensors,
+    total_parameters,
+    trainer_communicators,
+    vllm_activation_gib,
+)
 
-GIB = 1024**3
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-MARGIN = 0.9  # usable fraction of a GPU's memory
-
-
-def parameter_counts(arch: ModelArch, tp: int = 1) -> tuple[int, int, int]:
-    """(embedding, one transformer layer, output layer) parameter counts, with the padded vocabulary."""
-    h, d, f = arch.hidden_size, arch.head_dim, arch.ffn_hidden_size
-    vocab = arch.padded_vocab_size(tp)
-    q, kv = arch.num_attention_heads * d, arch.num_query_groups * d
-    attention = h * (q + 2 * kv) + q * h
-    if arch.add_bias_linear:
-        attention += q + 2 * kv + h
-    elif arch.add_qkv_bias:
-        attention += q + 2 * kv
-    mlp = h * f * (2 if arch.activation == "swiglu" else 1) + f * h
-    if arch.add_bias_linear:
-        mlp += f * (2 if arch.activation == "swiglu" else 1) + h
-    norms = (2 if arch.normalization == "LayerNorm" else 1) * 2 * h + (2 * d if arch.qk_layernorm else 0)
-    embedding = vocab * h + (arch.max_position_embeddings * h if arch.position_embedding == "learned_absolute" else 0)
-    output = 0 if arch.tie_embeddings else vocab * h
-    return embedding, attention + mlp + norms, output
-
-
-def total_parameters(arch: ModelArch) -> int:
-    embedding, layer, output = parameter_counts(arch)
-    final_norm = (2 if arch.normalization == "LayerNorm" else 1) * arch.hidden_size
-    return embedding + arch.num_layers * layer + output + final_norm
-
+__all__ = ["AgentPlan", "RunPlan", "format_plan", "fp8_notes", "parameter_counts", "plan_agent", "plan_run", "startup_plan",
+           "total_parameters"]
 
 @dataclass(frozen=True)
 class AgentPlan:
-    """Memory per GPU (GiB) of one agent's busiest rank, phase by phase (train, generate, refit, checkpoint)."""
+    """Memory per GPU (GiB) of one agent's busiest rank, by term and phase, and its engine's KV cache."""
 
     name: str
     gpus: int
     layout: str
     parameters: int
+    contexts: float
+    nccl: float
     weights: float
     gradients: float
     optimizer: float
     activations: float
     logits: float
     reference: float
-    train_total: float
+    fp8_cache: float
+    resident: float
+    vllm_utilization: float
     vllm_budget: float
     vllm_weights: float
+    vllm_activations: float
+    vllm_graphs: float
+    kv_cache: float
     kv_cache_sequences: float
+    requests_per_engine: int
+    export_buffers: float
+    staging: float
+    worker_copy: float
+    reload_buffer: float
+    train_total: float
     generate_total: float
-    refit_buffers: float
     refit_total: float
-    checkpoint_gather: float
     checkpoint_total: float
     gpu_memory: float
     problems: tuple[str, ...]
+    host: AgentHost
+
+    @property
+    def fixed(self) -> float:
+        return self.contexts + self.nccl
+
+    @property
+    def refit_buffers(self) -> float:
+        return self.export_buffers + self.staging + self.worker_copy + self.reload_buffer
+
+    @property
+    def limit(self) -> float:
+        return MARGIN * self.gpu_memory
 
     @property
     def fits(self) -> bool:
@@ -109,94 +141,196 @@ class AgentPlan:
 
 
 def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPlan:
+    """The plan of one agent (see the module docstring for every term)."""
     par, prec, roll = agent.parallel, agent.precision, agent.rollout
     cluster = cfg.runtime.cluster
-    embedding, layer, output = parameter_counts(arch, par.tp)
-    layers_per_stage = -(-arch.num_layers // par.pp)
-    # busiest stage: its layers plus the embedding (stage 0) or the output layer (last stage)
-    stage_params = (layers_per_stage * layer + max(embedding, output if par.pp > 1 else embedding + output)) / par.tp
-    dtype_bytes = BYTES[prec.dtype]
-    weight_bytes = 1 if prec.fp8_param else dtype_bytes
+    on_gpu = cluster.device == "cuda"
+    colocated = roll.colocated and on_gpu
+    gpu_memory = cluster.gpu_memory_gib if on_gpu else float("inf")
+    limit = MARGIN * gpu_memory
+    dtype_bytes = DTYPE_BYTES[prec.dtype]
+    stage_params = sum(stage_tensors(arch, par.tp, par.pp))
     opt_shards = par.dp if agent.optimizer.use_distributed_optimizer else 1
     seq, mbs = agent.max_prompt_length + agent.max_response_length, par.micro_batch_size
 
-    weights = stage_params * weight_bytes / GIB
+    contexts = CUDA_CONTEXT_GIB * (2 if colocated else 1) if on_gpu else 0.0
+    nccl = NCCL_COMMUNICATOR_GIB * (trainer_communicators(par.tp, par.pp, par.dp)
+                                    + (roll.tensor_parallel_size > 1 if colocated else 0)) if on_gpu else 0.0
+    fixed = contexts + nccl
+    weights = stage_params * (1 if prec.fp8_param else dtype_bytes) / GIB
     gradients = stage_params * 4 / GIB
     optimizer = stage_params * (8 + (4 if prec.dtype != "fp32" else 0)) / opt_shards / GIB
-    per_element = 34 / par.tp if par.sequence_parallel else 10 + 24 / par.tp
-    activations = arch.num_layers * seq * mbs * arch.hidden_size * per_element * dtype_bytes / 2 / GIB
-    logits = seq * mbs * arch.padded_vocab_size(par.tp) / par.tp * 4 * 3 / GIB
-    reference = weights if cfg.algo.kl_coef > 0 and not agent.offload_reference else 0.0
-    train_total = weights + gradients + optimizer + activations + logits + reference
+    activations = activation_gib(arch, seq, mbs, par.tp, par.sequence_parallel, dtype_bytes)
+    logits = logits_gib(arch, seq, mbs, par.tp)
+    reference = stage_params * dtype_bytes / GIB if cfg.algo.kl_coef > 0 and not agent.offload_reference else 0.0
+    fp8_cache = stage_linear_weights(arch, par.tp, par.pp) * FP8_WEIGHT_CACHE_BYTES / GIB if prec.fp8 else 0.0
+    train_total = fixed + weights + gradients + optimizer + activations + logits + reference + fp8_cache
     train_state = 0.0 if agent.offload_train_state else gradients + optimizer
     resident = weights + reference + train_state  # what the trainer keeps on the GPU while the engine works
 
-    gpu_memory = cluster.gpu_memory_gib if cluster.device == "cuda" else float("inf")
-    vllm_budget = roll.gpu_memory_utilization * gpu_memory if cluster.device == "cuda" else float(roll.cpu_kvcache_gib)
-    vllm_weights = total_parameters(arch) * 2 / roll.tensor_parallel_size / GIB  # bf16 serving weights
-    kv_per_token = 2 * arch.num_layers * arch.num_query_groups * arch.head_dim * 2 / roll.tensor_parallel_size
-    kv_space = vllm_budget - (vllm_weights if cluster.device == "cuda" else 0.0)
-    kv_sequences = kv_space * GIB / (kv_per_token * seq)
-    on_gpu = cluster.device == "cuda"
-    generate_total = (resident if roll.colocated else 0.0) + (vllm_budget if on_gpu else 0.0)
+    vllm_tp = roll.tensor_parallel_size
+    if not on_gpu:
+        utilization = CPU_AUTO_FRACTION if roll.gpu_memory_utilization == "auto" else roll.gpu_memory_utilization
+    elif roll.gpu_memory_utilization == "auto":
+        utilization = math.floor(100 * (limit - fixed - (resident if colocated else 0.0)) / gpu_memory) / 100
+    else:
+        utilization = roll.gpu_memory_utilization
+    vllm_budget = utilization * gpu_memory if on_gpu else float(roll.cpu_kvcache_gib)
+    vllm_weights = total_parameters(arch) * 2 / vllm_tp / GIB  # bf16 serving weights
+    vllm_activations = vllm_activation_gib(arch, vllm_tp) if on_gpu else 0.0
+    vllm_graphs = VLLM_GRAPH_POOLS_GIB if on_gpu and not roll.enforce_eager else 0.0
+    kv_cache = vllm_budget - (vllm_weights + vllm_activations + vllm_graphs if on_gpu else 0.0)
+    kv_sequences = max(0.0, kv_cache) * GIB / (kv_bytes_per_token(arch, vllm_tp) * seq)
+    engines = par.world_size // vllm_tp if colocated else 1
+    requests = math.ceil(cfg.algo.batch_size * cfg.algo.samples_per_prompt / max(1, engines))
+    generate_total = fixed + (resident if colocated else 0.0) + (vllm_budget if on_gpu else 0.0)
 
-    shapes = hf_tensor_shapes(arch)
-    largest = max(math.prod(shape) for shape in shapes.values()) * dtype_bytes / GIB
-    refit_buffers = largest  # the export's gathered tensor
+    export = 2 * largest_gathered_bytes(arch, par.tp, dtype_bytes) / GIB
+    staging = worker_copy = 0.0
     if roll.refit_transport == "ipc":
-        staged = refit_plan(shapes, dtype_bytes, bound=roll.refit_bucket_mb * MIB, world=par.world_size,
-                            engine_tp=roll.tensor_parallel_size, device=cluster.device, transport="ipc")
-        # + the sender's staging buffer, + the worker's copy of a bucket until its layers are loaded
-        refit_buffers += (staged.buffer_bytes + staged.peak_bytes) / GIB
-    refit_total = (resident if roll.colocated else 0.0) + (vllm_weights if on_gpu else 0.0) + refit_buffers
-    gather = stage_params * 4 * (1 + 1 / opt_shards) / GIB if agent.optimizer.use_distributed_optimizer else 0.0
-    checkpoint_total = weights + gradients + optimizer + reference + gather
+        staged = refit_plan(hf_tensor_shapes(arch), dtype_bytes, bound=roll.refit_bucket_mb * MIB,
+                            world=par.world_size, engine_tp=vllm_tp, device=cluster.device, transport="ipc")
+        staging, worker_copy = staged.buffer_bytes / GIB, staged.peak_bytes / GIB
+    reload = largest_module_bytes(arch, vllm_tp, dtype_bytes) / GIB if on_gpu else 0.0
+    refit_total = (fixed + (resident if colocated else 0.0) + (vllm_weights + vllm_graphs if on_gpu else 0.0)
+                   + export + staging + worker_copy + reload)
+    checkpoint_total = fixed + weights + gradients + optimizer + reference
 
     problems = []
-    limit = MARGIN * gpu_memory
+    of = f"{MARGIN:.0%} of {gpu_memory:.1f} GiB"
     if train_total > limit:
-        problems.append(f"training needs ~{train_total:.1f} GiB per GPU > {MARGIN:.0%} of {gpu_memory:.0f} GiB: "
-                        "raise tp/pp, use the distributed optimizer, or shrink micro_batch_size")
-    if on_gpu and generate_total > limit:
+        problems.append(f"training needs ~{train_total:.1f} GiB per GPU > {of}: lower micro_batch_size, raise tp/pp, "
+                        "use the distributed optimizer or offload_reference")
+    if on_gpu and utilization <= 0:
+        problems.append(f"nothing is left for vLLM while it generates: the trainer keeps {resident:.1f} GiB resident "
+                        f"and the contexts and NCCL take {fixed:.1f}: set offload_train_state: true or raise tp/pp")
+    elif on_gpu and generate_total > limit + 1e-9:
         problems.append(f"generation needs ~{generate_total:.1f} GiB per GPU (the trainer's resident state "
-                        f"{resident:.1f} + vLLM's budget) > {MARGIN:.0%} of {gpu_memory:.0f} GiB: lower "
-                        "rollout.gpu_memory_utilization or set offload_train_state: true")
+                        f"{resident:.1f} + vLLM's budget {vllm_budget:.1f} + contexts and NCCL {fixed:.1f}) > {of}: "
+                        "lower rollout.gpu_memory_utilization (or use auto) or set offload_train_state: true")
     if on_gpu and refit_total > limit:
-        problems.append(f"the refit needs ~{refit_total:.1f} GiB per GPU (resident {resident:.1f} + vLLM weights "
-                        f"{vllm_weights:.1f} + buffers {refit_buffers:.1f}) > {MARGIN:.0%} of {gpu_memory:.0f} GiB: "
-                        "lower rollout.refit_bucket_mb or set offload_train_state: true")
+        problems.append(f"the refit needs ~{refit_total:.1f} GiB per GPU (resident {resident:.1f} + vLLM weights and "
+                        f"pools {vllm_weights + vllm_graphs:.1f} + buffers {export + staging + worker_copy + reload:.1f})"
+                        f" > {of}: lower rollout.refit_bucket_mb or set offload_train_state: true")
     if on_gpu and checkpoint_total > limit:
-        problems.append(f"saving a checkpoint needs ~{checkpoint_total:.1f} GiB per GPU (the optimizer's gather "
-                        f"{gather:.1f}) > {MARGIN:.0%} of {gpu_memory:.0f} GiB: raise tp/pp")
-    if kv_sequences < 1:
-        problems.append(f"vLLM's KV cache ({kv_space:.1f} GiB after weights) cannot hold one {seq}-token sequence: "
-                        "raise rollout.gpu_memory_utilization or rollout.tensor_parallel_size")
-    layout = f"tp={par.tp} pp={par.pp} cp={par.cp} dp={par.dp}; vLLM tp={roll.tensor_parallel_size}" + (
+        problems.append(f"saving a checkpoint needs ~{checkpoint_total:.1f} GiB per GPU > {of}: raise tp/pp or dp "
+                        "(the distributed optimizer shards over DP)")
+    if kv_sequences < 1 and not (on_gpu and utilization <= 0):
+        problems.append(f"vLLM's KV cache ({kv_cache:.1f} GiB after weights, activations and graph pools) cannot hold "
+                        f"one {seq}-token sequence: raise rollout.gpu_memory_utilization (or use auto) or "
+                        "rollout.tensor_parallel_size")
+    layout = f"tp={par.tp} pp={par.pp} cp={par.cp} dp={par.dp}; vLLM tp={vllm_tp}" + (
         " colocated" if roll.colocated else " separate")
-    gpus = par.world_size + (0 if roll.colocated else roll.tensor_parallel_size)
-    return AgentPlan(agent.name, gpus, layout, total_parameters(arch), weights, gradients, optimizer, activations,
-                     logits, reference, train_total, vllm_budget, vllm_weights, kv_sequences, generate_total,
-                     refit_buffers, refit_total, gather, checkpoint_total, gpu_memory, tuple(problems))
+    gpus = par.world_size + (0 if roll.colocated else vllm_tp)
+    return AgentPlan(agent.name, gpus, layout, total_parameters(arch), contexts, nccl, weights, gradients, optimizer,
+                     activations, logits, reference, fp8_cache, resident, utilization, vllm_budget, vllm_weights,
+                     vllm_activations, vllm_graphs, kv_cache, kv_sequences, requests, export, staging, worker_copy,
+                     reload, train_total, generate_total, refit_total, checkpoint_total, gpu_memory,
+                     tuple(problems), agent_host(agent, arch, cfg))
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """Every agent's plan, every node's host RAM, a checkpoint's I/O, and what the plan could not check."""
 
-def format_plan(plans: list[AgentPlan], cfg: HacpoConfig) -> str:
-    """Two tables: what each agent's busiest GPU holds (GiB), and its total in each phase."""
+    agents: tuple[AgentPlan, ...]
+    nodes: tuple[NodeHost, ...]
+    checkpoint: CheckpointIO
+    notes: tuple[str, ...] = ()
+
+    @property
+    def host_problems(self) -> tuple[str, ...]:
+        return tuple(problem for problem in self.notes if problem.startswith("✗"))
+
+    @property
+    def fits(self) -> bool:
+        return all(p.fits for p in self.agents) and not self.host_problems
+
+
+def fp8_notes(cfg: HacpoConfig) -> list[str]:
+    """What to expect of the train/sample mismatch for every agent that trains in FP8 (logged at start-up and
+    printed by `--plan`)."""
+    return [f"agent {a.name!r} trains with FP8 GEMMs ({a.precision.fp8}, {a.precision.fp8_recipe} scaling) and "
+            "exports bf16 weights to vLLM, which samples in bf16: expect mismatch_token_mult_prob_error (logged "
+            "every step) above a bf16 run's of the same pair; the importance ratios take both log-probs from the "
+            "trainer, so the difference enters only through which tokens vLLM sampled"
+            for a in cfg.agents if a.precision.fp8 is not None]
+
+
+def plan_run(cfg: HacpoConfig, archs: list[ModelArch], notes: tuple[str, ...] = ()) -> RunPlan:
+    """The whole run's plan: `archs[i]` is the architecture of `cfg.agents[i]`; `notes` are printed with it."""
+    plans = [plan_agent(agent, arch, cfg) for agent, arch in zip(cfg.agents, archs, strict=True)]
     cluster = cfg.runtime.cluster
+    nodes = node_hosts([p.host for p in plans], cfg) if cluster.device == "cuda" else []
+    io = checkpoint_io(list(zip(cfg.agents, archs, strict=True)), cfg, [p.parameters for p in plans])
+    extra = list(notes) + fp8_notes(cfg)
+    if nodes and cluster.host_memory_gib is None:
+        extra.append("host RAM is not checked: set runtime.cluster.host_memory_gib to one node's RAM (GiB)")
+    elif nodes:
+        worst = max(nodes, key=lambda n: max(n.generate, n.refit, n.checkpoint))
+        need = max(worst.generate, worst.refit, worst.checkpoint)
+        if need > cluster.host_memory_gib:
+            extra.append(f"✗ host RAM: node {worst.index} needs ~{need:.0f} GiB > runtime.cluster.host_memory_gib = "
+                         f"{cluster.host_memory_gib:.0f}: use optimizer.checkpoint_format: dp_reshardable, "
+                         "offload_train_state: false, or nodes with more RAM")
+    return RunPlan(tuple(plans), tuple(nodes), io, tuple(extra))
+
+
+def startup_plan(cfg: HacpoConfig) -> tuple[HacpoConfig, RunPlan]:
+    """The driver's start-up check on CUDA: the plan of `cfg`, refused (one `ConfigError` naming the keys) when a
+    phase cannot fit; returns the config with every `gpu_memory_utilization: auto` replaced by the plan's value
+    (on CPU: `rollout.settings.CPU_AUTO_FRACTION`), and the plan."""
+    from nemo_hacpo.models.architecture import model_arch
+    from nemo_hacpo.models.tokenizers import load_tokenizer
+    from nemo_hacpo.runtime.preflight import tokenizer_source
+
+    archs = [model_arch(a, len(load_tokenizer(tokenizer_source(a))) if a.model.source == "tiny" else None)
+             for a in cfg.agents]
+    plan = plan_run(cfg, archs)
+    if cfg.runtime.cluster.device == "cuda":
+        issues = [ConfigIssue(f"agents[{i}]", problem, "see python recipes/train.py --plan")
+                  for i, p in enumerate(plan.agents) for problem in p.problems]
+        issues += [ConfigIssue("runtime.cluster.host_memory_gib", problem.removeprefix("✗ "),
+                               "see python recipes/train.py --plan") for problem in plan.host_problems]
+        if issues:
+            raise ConfigError(issues)
+    agents = tuple(dataclasses.replace(a, rollout=dataclasses.replace(a.rollout, gpu_memory_utilization=p.vllm_utilization))
+                   if a.rollout.gpu_memory_utilization == "auto" else a for a, p in zip(cfg.agents, plan.agents, strict=True))
+    return dataclasses.replace(cfg, agents=agents), plan
+
+
+# ----------------------------------------------------------------------------------------------- output
+def _size(parameters: int) -> str:
+    return f"{parameters / 1e9:.2f}B" if parameters >= 1e9 else f"{parameters / 1e6:.2f}M"
+
+
+def format_plan(plan: RunPlan | list[AgentPlan], cfg: HacpoConfig) -> str:
+    """Tables: what each agent's busiest GPU holds (GiB), its engine's KV cache, each phase against the limit,
+    host RAM per node and phase, a checkpoint's bytes and hashing time; then every problem and note."""
+    if not isinstance(plan, RunPlan):
+        plan = RunPlan(tuple(plan), (), CheckpointIO(0, 0, 0, 0))
+    plans, cluster = plan.agents, cfg.runtime.cluster
     cuda = cluster.device == "cuda"
     lines = [f"plan: {len(plans)} agents, algo={cfg.algo.name}, device={cluster.device}"
-             + (f", {cluster.num_nodes} node(s) × {cluster.gpus_per_node} GPU(s) × {cluster.gpu_memory_gib:.0f} GiB"
+             + (f", {cluster.num_nodes} node(s) × {cluster.gpus_per_node} GPU(s) × {cluster.gpu_memory_gib:.1f} GiB"
                 if cuda else ""),
-             f"| agent | params | {'GPUs' if cuda else 'ranks'} | layout | weights | grads | optim | activ | logits | "
-             "ref | vLLM | KV seqs | refit buffers | ckpt gather |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "",
+             f"| agent | params | {'GPUs' if cuda else 'ranks'} | layout | contexts + NCCL | weights | grads | optim | "
+             "activ | logits | ref | fp8 cache | refit buffers (export + staging + worker + reload) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in plans:
-        size = f"{p.parameters / 1e9:.2f}B" if p.parameters >= 1e9 else f"{p.parameters / 1e6:.2f}M"
-        lines.append(f"| {p.name} | {size} | {p.gpus} | {p.layout} | {p.weights:.1f} | {p.gradients:.1f} | "
-                     f"{p.optimizer:.1f} | {p.activations:.1f} | {p.logits:.1f} | {p.reference:.1f} | "
-                     f"{p.vllm_budget:.1f} | {p.kv_cache_sequences:,.0f} | {p.refit_buffers:.2f} | "
-                     f"{p.checkpoint_gather:.1f} |")
-    limit = f"{MARGIN * plans[0].gpu_memory:.0f}" if cuda and plans else "—"
+        lines.append(f"| {p.name} | {_size(p.parameters)} | {p.gpus} | {p.layout} | {p.contexts:.2f} + {p.nccl:.2f} | "
+                     f"{p.weights:.1f} | {p.gradients:.1f} | {p.optimizer:.1f} | {p.activations:.1f} | {p.logits:.1f} | "
+                     f"{p.reference:.1f} | {p.fp8_cache:.1f} | {p.refit_buffers:.2f} ({p.export_buffers:.2f} + "
+                     f"{p.staging:.2f} + {p.worker_copy:.2f} + {p.reload_buffer:.2f}) |")
+    lines += ["", "| agent | vLLM utilization | budget | weights | activations | graph pools | KV cache | "
+              "full-length sequences | requests per engine |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in plans:
+        auto = " (auto)" if cfg.agent(p.name).rollout.gpu_memory_utilization == "auto" else ""
+        lines.append(f"| {p.name} | {p.vllm_utilization:.2f}{auto} | {p.vllm_budget:.1f} | {p.vllm_weights:.1f} | "
+                     f"{p.vllm_activations:.1f} | {p.vllm_graphs:.1f} | {p.kv_cache:.1f} | {math.floor(p.kv_cache_sequences):,} | "
+                     f"{p.requests_per_engine} |")
+    limit = f"{MARGIN * plans[0].gpu_memory:.1f}" if cuda and plans else "—"
     lines += ["", f"| agent | train | generate | refit | checkpoint | peak GiB/GPU (limit {limit}) | fits |",
               "|---|---|---|---|---|---|---|"]
     for p in plans:
@@ -204,7 +338,25 @@ def format_plan(plans: list[AgentPlan], cfg: HacpoConfig) -> str:
                      f"{p.checkpoint_total:.1f} | {p.peak:.1f} | {'yes' if p.fits else 'NO'} |")
     if cuda:
         used, have = sum(p.gpus for p in plans), cluster.num_nodes * cluster.gpus_per_node
-        lines.append(f"GPUs: {used} of {have} used")
+        lines.append(f"GPUs: {used} of {have} used; limit = {MARGIN:.0%} of each GPU's {cluster.gpu_memory_gib:.1f} GiB, "
+                     "CUDA contexts and NCCL counted; the refit's buffers are released on every rank before the "
+                     "engine wakes its KV cache (a rank keeping them would hold them through generation too)")
+    if plan.nodes:
+        have = f"{cluster.host_memory_gib:.0f}" if cluster.host_memory_gib is not None else "not set"
+        lines += ["", f"| node | GPUs | generate / train | refit | checkpoint | host RAM GiB (node: {have}) |",
+                  "|---|---|---|---|---|---|"]
+        for n in plan.nodes:
+            need = max(n.generate, n.refit, n.checkpoint)
+            fits = "—" if cluster.host_memory_gib is None else "fits" if need <= cluster.host_memory_gib else "NO"
+            lines.append(f"| {n.index} | {', '.join(f'{name} × {c}' for name, c in n.slots)} | {n.generate:.0f} | "
+                         f"{n.refit:.0f} | {n.checkpoint:.0f} | {fits} |")
+    io = plan.checkpoint
+    if io.total_bytes:
+        lines.append(f"checkpoint: {io.total_bytes / 1e12:.2f} TB; hashing in the driver after the save ~"
+                     f"{io.driver_serial_s / 60:.0f} min (every byte read back at ≤ {SHARED_FS_READ_GBPS:.0f} GB/s), in the writers ~"
+                     f"{io.per_writer_s:.0f} s (each rank its own files in parallel, the largest "
+                     f"{io.largest_writer_bytes / 1e9:.0f} GB at {BLAKE3_GBPS_PER_CORE:.1f} GB/s of blake3 per core)")
     for p in plans:
         lines.extend(f"  ✗ {p.name}: {problem}" for problem in p.problems)
+    lines.extend(f"  {note}" for note in plan.notes)
     return "\n".join(lines)

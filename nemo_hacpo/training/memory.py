@@ -17,6 +17,10 @@ shrinks its device storage to zero bytes; the gradient buffers (Megatron DDP's f
 `restore()` re-grows every storage and copies the host values back. Tensor objects, views and the optimizer's
 references stay the same, so nothing else has to know. The code is the same on CPU and CUDA: on CPU the
 "device" storage is host memory too, and shrinking it really frees it, which is what the tests measure.
+
+Host memory on CUDA: each pinned copy is a block of torch's host caching allocator, rounded up to a power of two
+and kept cached after `restore()` frees it (the next `offload()` reuses it). `runtime.plan_host` counts these
+blocks per node; the checkpoint save empties that cache around its write (`trainer_checkpoint.release_host_cache`).
 """
 
 from __future__ import annotations

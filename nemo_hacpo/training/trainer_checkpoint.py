@@ -46,10 +46,13 @@ if TYPE_CHECKING:
 META_FILE = "nemo_hacpo_trainer.json"
 REFERENCE_PREFIX = "reference."  # keeps the reference model's global tensor keys apart from the policy's
 DISTRIBUTED_OPTIMIZER_FORMATS = ("fully_reshardable", "dp_reshardable")
-"""`fully_reshardable` (default): the distributed optimizer gathers its state on DP rank 0 at save time into
-one tensor per parameter, so any TP/PP/DP layout can load it. `dp_reshardable`: every rank writes its own
-buffer shards, no gather (faster for large models), reloadable only at the same TP/PP (any DP). Megatron
-0.16's third format, `fully_sharded_model_space`, fails ("ShardedTensor.flattened_range is not supported")."""
+"""`agent.optimizer.checkpoint_format`. `fully_reshardable` (default): the distributed optimizer gathers its state
+onto DP rank 0 at save time into one tensor per parameter, so any TP/PP/DP layout can load it — with Megatron's
+memory-efficient gather (`distrib_optim_fully_reshardable_mem_efficient`: over the gloo DP group, onto DP rank 0
+only; its default all-gathers over NCCL through GPU buffers and leaves a full host copy of the state on *every*
+DP rank). `dp_reshardable`: every rank writes its own buffer shards, no gather (faster for large models, and no
+host copy beyond what each rank writes), reloadable only at the same TP/PP (any DP). Megatron 0.16's third
+format, `fully_sharded_model_space`, fails ("ShardedTensor.flattened_range is not supported")."""
 
 
 def _layout(trainer: MegatronTrainer) -> dict[str, int]:
@@ -103,7 +106,16 @@ def _keep_restored_adam_step(optimizer) -> Iterator[None]:
     torch's Adam keeps a per-parameter `step` in its state. `load_state_dict` restores it from the param
     groups, then the `fully_reshardable` loader hands `_set_main_param_and_optimizer_states` the saved
     tensors without `step` (it skips it on purpose) and that method copies *every* state key:
-    `KeyError: 'step'`. Here the restored step is passed along (a copy onto itself); nothing else changes.
+    `KeyError: 'step'`. The `dp_reshardable` loader does hand it a `step`, but not the saved one: the 0-dim
+    per-parameter step is not restored from the shards, and the placeholder (the dummy state's 1) comes back
+    (measured: 2 updates saved, 1 loaded — a wrong Adam bias correction after a resume). Here the step
+    `load_state_dict` restored from the param groups is passed along in both cases (a copy onto itself);
+    nothing else changes.
+
+    The `dp_reshardable` loader (`load_parameter_state_from_dp_reshardable`) calls the same method outside
+    `torch.no_grad()`, and its in-place copy into the fp32 main parameter — a view of a leaf that requires grad —
+    raises "a view of a leaf Variable that requires grad is being used in an in-place operation" (found by
+    tests/integration/training/test_trainer_checkpoint.py); the copy runs under `no_grad` here.
     """
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
@@ -117,9 +129,10 @@ def _keep_restored_adam_step(optimizer) -> Iterator[None]:
             group_index, group_order = _inner.model_param_group_index_map[model_param]
             main_param = _inner.optimizer.param_groups[group_index]["params"][group_order]
             state = _inner.optimizer.state.get(main_param, {})
-            if "step" in state and "step" not in tensors:
+            if "step" in state:  # the param groups' step, restored by load_state_dict before this call
                 tensors = {**tensors, "step": state["step"]}
-            return _original(model_param, tensors)
+            with torch.no_grad():
+                return _original(model_param, tensors)
 
         inner._set_main_param_and_optimizer_states = set_states
         patched.append(inner)
@@ -159,7 +172,8 @@ def sharded_trainer_state(trainer: MegatronTrainer, *, is_loading: bool, with_rn
         if is_loading:
             _allocate_distributed_optimizer_state(trainer.optimizer)
         state["optimizer"] = trainer.optimizer.sharded_state_dict(
-            model_state, is_loading=is_loading, metadata={"distrib_optim_sharding_type": optimizer_format})
+            model_state, is_loading=is_loading, metadata={"distrib_optim_sharding_type": optimizer_format,
+                                                          "distrib_optim_fully_reshardable_mem_efficient": True})
     state |= {
         "scheduler": trainer.scheduler.state_dict(),
         "trainer": {"updates_done": trainer.updates_done, "last_step": trainer.last_step},
@@ -178,6 +192,26 @@ def _barrier() -> None:
     dist.barrier()
 
 
+def release_host_cache() -> bool:
+    """Hand torch's cached pinned host blocks back to the OS (CUDA only; returns whether it did).
+
+    torch's CachingHostAllocator keeps every freed pinned block for reuse and never returns it by itself
+    (`torch/include/ATen/core/CachingHostAllocator.h`). A save meets two sets of them: the optimizer offload's
+    buffers (`training.memory`), freed into the cache when the state came back to the GPU for the save, and the
+    writer's own pinned copies (torch_dist moves each tensor it writes with `.to("cpu", non_blocking=True)`,
+    which pins the destination). Emptying the cache before and after the write keeps the two from adding up.
+    """
+    if not torch.cuda.is_available():
+        return False
+    torch._C._host_emptyCache()
+    return True
+
+
+def checkpoint_format(trainer: MegatronTrainer) -> str:
+    """The agent's `optimizer.checkpoint_format` (`fully_reshardable` for configs that predate it)."""
+    return getattr(trainer.agent.optimizer, "checkpoint_format", "fully_reshardable")
+
+
 @dataclasses.dataclass(frozen=True)
 class SavedCheckpoint:
     """What `save_checkpoint` returns on each rank."""
@@ -190,17 +224,19 @@ class SavedCheckpoint:
 
 
 def save_checkpoint(trainer: MegatronTrainer, directory: str | Path, *, step: int | None = None,
-                    optimizer_format: str = "fully_reshardable", digest: str | None = None) -> SavedCheckpoint:
+                    optimizer_format: str | None = None, digest: str | None = None) -> SavedCheckpoint:
     """Collective over the agent's ranks: write the trainer state to `directory` atomically.
 
-    `optimizer_format` matters only with the distributed optimizer (`DISTRIBUTED_OPTIMIZER_FORMATS`). `digest`:
-    the algorithm (`blake3`, `sha256`) of the content digests each rank computes of its own files (None: sizes
-    only). Returns the path and the file records (module docstring).
+    `optimizer_format` matters only with the distributed optimizer (`DISTRIBUTED_OPTIMIZER_FORMATS`; None: the
+    agent's `optimizer.checkpoint_format`). `digest`: the algorithm (`blake3`, `sha256`) of the content digests
+    each rank computes of its own files (None: sizes only). On CUDA the host cache is released before and after
+    the write (`release_host_cache`). Returns the path and the file records (module docstring).
     """
     from megatron.core import dist_checkpointing
 
     from nemo_hacpo.training.checkpoint_files import bytes_record, digest_files, own_files
 
+    optimizer_format = optimizer_format or checkpoint_format(trainer)
     final = Path(directory).resolve()
     staging = final.with_name(final.name + ".tmp")
     is_writer = dist.get_rank() == 0
@@ -209,9 +245,12 @@ def save_checkpoint(trainer: MegatronTrainer, directory: str | Path, *, step: in
             shutil.rmtree(staging)
         staging.mkdir(parents=True)
     _barrier()
+    release_host_cache()
     state = sharded_trainer_state(trainer, is_loading=False, with_optimizer=trainer.updates_done > 0,
                                   optimizer_format=optimizer_format)
     dist_checkpointing.save(state, str(staging))
+    del state  # the gathered host copies (fully_reshardable on DP rank 0) go before the cache is released
+    release_host_cache()
     own = digest_files(staging, own_files(staging, dist.get_rank()), digest)  # this rank's files, just written
     _barrier()
     if is_writer:

@@ -124,3 +124,42 @@ def test_the_lock_satisfies_pyproject():
         assert name in pins, f"{req.name} is required but not in requirements/cpu.lock"
         assert req.specifier.contains(Version(pins[name]).base_version if name == "torch" else pins[name],
                                       prereleases=True), (line, pins[name])
+
+
+SMOKE_REQUIRED = ("vllm._C", "vllm.cumem_allocator", "transformer_engine_torch", "transformer_engine.pytorch",
+                  "megatron.core", "vllm", "torch", "nemo_hacpo")
+"""What the image's smoke test must import by name: `import vllm` swallows a failed `vllm._C` (its platform
+loads it on first use) and a failed `vllm.cumem_allocator` (`vllm/device_allocator/cumem.py` catches the
+ModuleNotFoundError, and sleep mode then fails at the first engine start); transformer_engine.pytorch loads
+transformer_engine_torch lazily."""
+
+
+def _smoke_imports() -> tuple[str, ...]:
+    match = re.search(r"SMOKE_IMPORTS = \(([^)]*)\)", _dockerfile())
+    assert match is not None, "the Dockerfile's smoke test names its imports in SMOKE_IMPORTS = (...)"
+    return tuple(re.findall(r'"([\w.]+)"', match.group(1)))
+
+
+def test_the_smoke_test_imports_the_compiled_extensions_by_name():
+    """Issue #26 item 4: the first Dockerfile imported only `vllm`, `transformer_engine.pytorch` and friends — a
+    build with a broken vllm._C, vllm.cumem_allocator or transformer_engine_torch passed it (this test failed)."""
+    names = _smoke_imports()
+    assert set(SMOKE_REQUIRED) <= set(names), f"missing from the smoke test: {set(SMOKE_REQUIRED) - set(names)}"
+    text = _dockerfile()
+    smoke = text.index("SMOKE_IMPORTS =")
+    assert "importlib.import_module(name)" in text[smoke:smoke + 600]  # every name imported, not just listed
+    # the smoke test runs after the last install, against the CUDA driver stub (a build has no driver)
+    assert text.rindex("pip install") < smoke
+    assert "stubs/libcuda.so" in text and "LD_LIBRARY_PATH=/tmp/cuda-stubs" in text
+
+
+def test_the_driver_the_cuda_base_needs_is_stated_and_checked_at_start_up():
+    """The CUDA 13.0 base needs driver R580+ (or the forward-compatibility package): the README and the start-up
+    check say the same thing, and the check refuses an older libcuda."""
+    from nemo_hacpo.runtime.cuda_driver import MIN_DRIVER_BRANCH, REQUIRED_CUDA_API, REQUIREMENT
+
+    cuda = _args()["TORCH_CUDA"]
+    assert REQUIRED_CUDA_API == 1000 * int(cuda.split(".")[0]) + 10 * int(cuda.split(".")[1])
+    readme = (REPO / "README.md").read_text()
+    assert f"R{MIN_DRIVER_BRANCH}" in readme and "cuda-compat-13-0" in readme
+    assert f"R{MIN_DRIVER_BRANCH}" in REQUIREMENT and "cuda-compat-13-0" in REQUIREMENT

@@ -40,15 +40,19 @@ pytestmark = [
     pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo test (GPU: tests/gpu/)"),
 ]
 
-LAYOUTS = {"tp2": (2, 1), "dp2": (1, 2)}  # label → (tp, dp) of the saving run
+LAYOUTS = {"tp2": (2, 1), "dp2": (1, 2), "dp2-shards": (1, 2)}  # label → (tp, dp) of the saving run
+FORMATS = {"dp2": "fully_reshardable", "dp2-shards": "dp_reshardable"}
+"""The distributed optimizer's `checkpoint_format` per label: gathered over gloo onto DP rank 0, or written by
+every rank (issue #26: reshardable along DP only, here DP 2 → 1)."""
 RESHARD_ATOL = 1e-5
 
 
-def _agent(tp: int, dp: int, distributed_optimizer: bool):
+def _agent(tp: int, dp: int, distributed_optimizer: bool, checkpoint_format: str = "fully_reshardable"):
     from nemo_hacpo.config import OptimizerConfig
 
     optimizer = OptimizerConfig(name="adam", lr=1e-3, weight_decay=0.01, clip_grad=0.5, lr_warmup_steps=2,
-                                lr_decay_style="cosine", min_lr=1e-4, use_distributed_optimizer=distributed_optimizer)
+                                lr_decay_style="cosine", min_lr=1e-4, use_distributed_optimizer=distributed_optimizer,
+                                checkpoint_format=checkpoint_format)
     return dataclasses.replace(tiny_agent(tp=tp, dp=dp), optimizer=optimizer)
 
 
@@ -58,10 +62,10 @@ def _algo():
     return AlgoConfig(updates_per_step=2, kl_coef=0.05)
 
 
-def _trainer(tp: int, dp: int, seed: int, distributed_optimizer: bool):
+def _trainer(tp: int, dp: int, seed: int, distributed_optimizer: bool, label: str = "tp2"):
     from nemo_hacpo.training import MegatronTrainer
 
-    agent = _agent(tp, dp, distributed_optimizer)
+    agent = _agent(tp, dp, distributed_optimizer, FORMATS.get(label, "fully_reshardable"))
     return MegatronTrainer(agent, tiny_arch(agent), seed=seed, total_updates=8, reference_model=True)
 
 
@@ -75,7 +79,7 @@ def save_rank(directory: str) -> dict:
     """Step 0, save, step 1 — for each layout; plus a second save over an existing checkpoint."""
     out = {}
     for label, (tp, dp) in LAYOUTS.items():
-        trainer = _trainer(tp, dp, seed=1234, distributed_optimizer=dp > 1)
+        trainer = _trainer(tp, dp, seed=1234, distributed_optimizer=dp > 1, label=label)
         rows = _rows(trainer)
         train(trainer, rows, _algo(), step=0)
         trainer.save_checkpoint(f"{directory}/{label}", step=0)
@@ -92,7 +96,7 @@ def load_rank(directory: str, rows_by_label: dict, tp: int | None = None, dp: in
     out = {}
     for label, (saved_tp, saved_dp) in LAYOUTS.items():
         # The optimizer kind stays (Megatron's distributed and plain optimizer states are different formats).
-        trainer = _trainer(tp or saved_tp, dp or saved_dp, seed=4321, distributed_optimizer=saved_dp > 1)
+        trainer = _trainer(tp or saved_tp, dp or saved_dp, seed=4321, distributed_optimizer=saved_dp > 1, label=label)
         meta = trainer.load_checkpoint(f"{directory}/{label}")
         metrics = train(trainer, rows_by_label[label], _algo(), step=1)
         out[label] = {"meta": meta, "metrics": comparable_metrics(metrics), "weights": local_parameters(trainer),
@@ -150,6 +154,7 @@ def test_save_then_load_reproduces_the_next_step(tmp_path: Path) -> None:
             1e-4 + 0.9e-3 * (1 + math.cos(math.pi * 1 / 6)) / 2)
         for rank in loaded:
             assert rank[label]["meta"]["step"] == 0 and rank[label]["updates_done"] == 4
+            assert rank[label]["meta"]["optimizer_format"] == FORMATS.get(label, "fully_reshardable")
             assert rank[label]["metrics"] == expected_metrics, label  # bit-identical, same layout
         same_layout = assemble_full([rank[label]["weights"] for rank in loaded])
         for name, weight in expected_weights.items():

@@ -452,3 +452,48 @@ def test_every_tiny_config_warm_starts_and_passes_the_start_up_checks(name):
         assert (llama.tokenizer.source, qwen.tokenizer.source) == ("tiny-bpe", "tiny-words")
         assert qwen.model.tiny.qk_layernorm and not llama.model.tiny.qk_layernorm
         assert llama.model.tiny.hidden_size == 2 * qwen.model.tiny.hidden_size
+
+
+# ------------------------------------------------------------------------------------------- issue #26
+def test_fp8_parameters_are_refused_with_the_reason():
+    """fp8_param would all-gather Transformer Engine's quantized tensors through the export's plain all-gather, a
+    path never run: refused at start-up, naming the key and why (before #26 it was accepted)."""
+    err = _error(["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=8", "agents.0.precision.dtype=bf16",
+                  "agents.1.precision.dtype=bf16", "agents.0.precision.fp8=e4m3", "agents.0.precision.fp8_param=true"])
+    issue = next(i for i in err.issues if i.key == "agents[0].precision.fp8_param")
+    assert "export to vLLM is unproven" in issue.problem and "plain torch.distributed.all_gather" in issue.problem
+    assert "fp8_param: false" in issue.fix and "pair_large_fp8" in issue.fix
+
+
+def test_the_fp8_variant_is_pair_large_with_fp8_gemms_and_bf16_weights(monkeypatch, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 64, "num_key_value_heads": 8,
+                                                      "num_hidden_layers": 80}))  # shapes only
+    for name in ("HACPO_LLAMA70B_PATH", "HACPO_QWEN8B_PATH", "HACPO_TRAIN_DATA", "HACPO_EVAL_DATA"):
+        monkeypatch.setenv(name, str(tmp_path))
+    base, fp8 = load_config("pair_large"), load_config("pair_large_fp8")
+    for a, b in zip(base.agents, fp8.agents, strict=True):
+        assert (b.precision.dtype, b.precision.fp8, b.precision.fp8_recipe, b.precision.fp8_param) == \
+            ("bf16", "e4m3", "blockwise", False)
+        assert dataclasses.replace(b, precision=a.precision) == a  # nothing else differs
+    assert dataclasses.replace(fp8, agents=base.agents, runtime=base.runtime) == base
+    assert fp8.runtime.output_dir.endswith("pair_large_fp8")
+    assert dataclasses.replace(fp8.runtime, output_dir=base.runtime.output_dir) == base.runtime
+
+
+def test_engine_memory_auto_node_ram_and_the_optimizer_checkpoint_format():
+    cfg = load_config("pair_tiny_gpt", ["agents.0.rollout.gpu_memory_utilization=auto",
+                                        "agents.1.optimizer.checkpoint_format=dp_reshardable",
+                                        "runtime.cluster.host_memory_gib=512"])
+    assert cfg.agents[0].rollout.gpu_memory_utilization == "auto" and cfg.runtime.cluster.host_memory_gib == 512
+    assert cfg.agents[1].optimizer.checkpoint_format == "dp_reshardable"
+    assert load_config("pair_tiny_gpt").runtime.cluster.host_memory_gib is None  # CPU runs: not checked
+    _assert_names(_error(["agents.0.rollout.gpu_memory_utilization=most"]), "agents[0].rollout.gpu_memory_utilization")
+    _assert_names(_error(["agents.0.rollout.gpu_memory_utilization=1.5"]), "agents[0].rollout.gpu_memory_utilization",
+                  "auto")
+    _assert_names(_error(["runtime.cluster.host_memory_gib=0"]), "runtime.cluster.host_memory_gib", "free -g")
+    _assert_names(_error(["runtime.cluster.gpu_memory_gib=0"]), "runtime.cluster.gpu_memory_gib", "79.6")
+    _assert_names(_error(["agents.0.optimizer.checkpoint_format=dp_reshardable",
+                          "agents.0.optimizer.use_distributed_optimizer=false"]),
+                  "agents[0].optimizer.checkpoint_format", "distributed optimizer")
+    _assert_names(_error(["agents.0.optimizer.checkpoint_format=fully_sharded_model_space"]),
+                  "agents[0].optimizer.checkpoint_format")

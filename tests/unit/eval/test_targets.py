@@ -163,3 +163,18 @@ def test_with_lengths_overrides_only_what_is_given(tmp_path):
     assert isinstance(changed.agent, AgentConfig)
     with pytest.raises(ValueError, match="max_prompt_length must be ≥ 1"):
         with_lengths(target, max_prompt_length=0)
+
+
+def test_an_auto_engine_memory_becomes_the_standalone_default(tmp_path, pair_tiny):
+    """`auto` is sized next to a colocated trainer at training start-up; an evaluation engine is alone on its
+    GPUs: it gets vLLM's own default (0.92), so `--model … --config-name pair_large` can start an engine."""
+    import dataclasses
+
+    from nemo_hacpo.eval.targets import STANDALONE_GPU_MEMORY_UTILIZATION
+
+    agent = pair_tiny.agent("llama_tiny")
+    auto = dataclasses.replace(pair_tiny, agents=(dataclasses.replace(
+        agent, rollout=dataclasses.replace(agent.rollout, gpu_memory_utilization="auto")),))
+    target = model_targets([f"llama_tiny={_checkpoint(tmp_path / 'ckpt')}"], cfg=auto)[0]
+    assert target.agent.rollout.gpu_memory_utilization == STANDALONE_GPU_MEMORY_UTILIZATION == 0.92
+    assert dataclasses.replace(target.agent.rollout, gpu_memory_utilization="auto") == auto.agents[0].rollout

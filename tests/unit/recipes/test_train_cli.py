@@ -56,3 +56,26 @@ def test_cfg_job_validates_before_printing_and_an_unknown_tokenizer_is_named():
     proc = _run("--plan", "agents.1.tokenizer.source=no-such-tokenizer")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "agents[1].tokenizer.source: tokenizer source 'no-such-tokenizer' is not one of" in proc.stderr
+
+
+def test_plan_of_checkpoints_without_tokenizer_files(tmp_path):
+    """`--plan` on directories that hold only config.json: the plan is printed, with a note naming each directory
+    and what it lacks, and exit 0 (before: a transformers traceback). The shapes are Llama-3.3-70B's and Qwen3-8B's."""
+    import json
+    import os
+
+    from tests.helpers.large_models import LLAMA_33_70B, QWEN3_8B
+
+    env = dict(os.environ)
+    for name, hf in (("HACPO_LLAMA70B_PATH", LLAMA_33_70B), ("HACPO_QWEN8B_PATH", QWEN3_8B)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(hf))
+        env[name] = str(tmp_path / name)
+    env["HACPO_TRAIN_DATA"] = env["HACPO_EVAL_DATA"] = str(tmp_path / "math.jsonl")
+    proc = subprocess.run([sys.executable, str(ROOT / "recipes" / "train.py"), "--config-name", "pair_large", "--plan"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    for name in ("HACPO_LLAMA70B_PATH", "HACPO_QWEN8B_PATH"):
+        assert f"{tmp_path / name} has no tokenizer files (none of: tokenizer.json" in proc.stdout
+    assert proc.stdout.count("its vocabulary check (tokenizer ids ≤ embedding rows) was skipped") == 2
+    assert "| llama70b | 57.7 | 71.4 | 38.5 | 46.3 | 71.4 | yes |" in proc.stdout

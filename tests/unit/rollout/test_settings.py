@@ -133,3 +133,14 @@ def test_cpu_tp_engines_get_one_core_set_per_worker(llama_agent, tmp_path, monke
     assert engine_environment(settings)["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # the user's choice is kept
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment(settings)
+
+
+def test_auto_engine_memory_on_cpu_is_the_default_and_on_cuda_must_be_resolved_first(llama_agent, tmp_path):
+    """`gpu_memory_utilization: auto` is sized by the plan next to the trainer (`runtime.plan.startup_plan`); an
+    engine given `auto` on CUDA would be handed a string by vLLM: refused with what to do. CPU: 0.5, capped."""
+    auto = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout,
+                                                                        gpu_memory_utilization="auto"))
+    cpu = engine_settings(auto, tmp_path, tmp_path, device="cpu", total_memory_bytes=24 * GIB)
+    assert cpu.gpu_memory_utilization == pytest.approx(2 / 24)  # min(0.5, max(0.02, 2 · 1 / 24))
+    with pytest.raises(ValueError, match="rollout.gpu_memory_utilization is 'auto'.*startup_plan"):
+        engine_settings(auto, tmp_path, tmp_path, device="cuda")

@@ -1,37 +1,38 @@
-"""The --plan estimate: exact parameter counts, the 70B + 8B layout fits 5 × 8 H100, a bad layout is refused."""
+"""The --plan estimate with hand-computed numbers: exact parameter counts, every term of the 70B + 8B layout on
+5 × 8 H100 (79.6 GiB each, two processes' CUDA contexts and NCCL counted), the engines' budget derived from the
+generate phase, and every phase's refusal.
+
+Before issue #26 the plan used 80 GiB, left out the contexts, NCCL, the export's doubled gather, vLLM's graph
+pools and reload buffer, and said qwen8b trained in 68.0 GiB under a 72 limit; these tests fail on it.
+"""
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from nemo_hacpo.config import load_config
 from nemo_hacpo.models.architecture import arch_from_hf, model_arch
-from nemo_hacpo.runtime.plan import format_plan, parameter_counts, plan_agent, total_parameters
+from nemo_hacpo.runtime.plan import format_plan, parameter_counts, plan_agent, plan_run, total_parameters
+from nemo_hacpo.runtime.plan_model import H100_REPORTED_GIB, pinned_gib, pow2ceil, stage_tensors
 
-LLAMA_33_70B = {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-                "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256, "hidden_act": "silu",
-                "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-                "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                 "original_max_position_embeddings": 8192, "rope_type": "llama3"},
-                "tie_word_embeddings": False}
-QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-            "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-            "hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-            "tie_word_embeddings": False}
+GIB = 1024**3
+# llama70b at tp=8, pp=4 — one TP rank of stage 0: the padded embedding (128256 → 129024 rows, a multiple of
+# 128·8) / 8, and 20 layers of qkv (8192 + 2·1024)·8192/8, proj 8192²/8, fc1 2·28672·8192/8, fc2 8192·28672/8
+# and two RMSNorm weights of 8192
+LLAMA_LAYER = 10240 * 1024 + 8192 * 1024 + 2 * 28672 * 1024 + 8192 * 3584 + 2 * 8192  # 106,971,136
+LLAMA_PS = 16128 * 8192 + 20 * LLAMA_LAYER  # 2,271,543,296
+# all of it: embedding and lm_head 128256·8192 each, 80 layers of 855,654,400, the final norm
+LLAMA_TOTAL = 2 * 128256 * 8192 + 80 * (8192 * 10240 + 8192 * 8192 + 3 * 28672 * 8192 + 2 * 8192) + 8192
+# qwen8b at tp=2, pp=1: embedding and output 152064/2 rows each, 36 layers of qkv (4096 + 2·1024)·4096/2,
+# proj 4096²/2, fc1 2·12288·4096/2, fc2 4096·12288/2, two norms of 4096 and the q/k norms of 128; final norm
+QWEN_LAYER = 6144 * 2048 + 4096 * 2048 + 2 * 12288 * 2048 + 4096 * 6144 + 2 * 4096 + 2 * 128  # 96,477,440
+QWEN_PS = 2 * 76032 * 4096 + 4096 + 36 * QWEN_LAYER  # 4,096,046,080
+LIMIT = 0.9 * 79.6
 
 
-@pytest.fixture
-def large_env(tmp_path, monkeypatch):
-    for name, hf in (("HACPO_LLAMA70B_PATH", LLAMA_33_70B), ("HACPO_QWEN8B_PATH", QWEN3_8B)):
-        path = tmp_path / name
-        path.mkdir()
-        (path / "config.json").write_text(json.dumps(hf))  # shapes only: planning needs no weights
-        monkeypatch.setenv(name, str(path))
-    for name in ("HACPO_TRAIN_DATA", "HACPO_EVAL_DATA"):
-        monkeypatch.setenv(name, str(tmp_path / "math.jsonl"))
-    return tmp_path
+def _plans(config: str = "pair_large", overrides: tuple[str, ...] = ()):
+    cfg = load_config(config, list(overrides))
+    return [plan_agent(agent, model_arch(agent), cfg) for agent in cfg.agents], cfg
 
 
 def test_parameter_counts_match_megatron_models_built_for_pair_tiny():
@@ -47,79 +48,147 @@ def test_parameter_counts_match_megatron_models_built_for_pair_tiny():
     assert (embedding, layer, output) == (196_608, 590_336, 196_608)
 
 
-def test_public_model_sizes(large_env):
-    assert total_parameters(arch_from_hf(large_env / "HACPO_LLAMA70B_PATH")) == pytest.approx(70.55e9, rel=2e-3)
-    assert total_parameters(arch_from_hf(large_env / "HACPO_QWEN8B_PATH")) == pytest.approx(8.19e9, rel=5e-3)
+def test_public_model_sizes_and_the_busiest_ranks_tensors(large_env):
+    llama, qwen = arch_from_hf(large_env / "HACPO_LLAMA70B_PATH"), arch_from_hf(large_env / "HACPO_QWEN8B_PATH")
+    assert total_parameters(llama) == LLAMA_TOTAL == 70_553_706_496
+    assert total_parameters(qwen) == pytest.approx(8.19e9, rel=5e-3)
+    assert sum(stage_tensors(llama, 8, 4)) == LLAMA_PS and sum(stage_tensors(qwen, 2, 1)) == QWEN_PS
 
 
-def test_pair_large_fits_five_nodes_of_h100(large_env):
-    cfg = load_config("pair_large")
-    assert {a.rollout.refit_transport for a in cfg.agents} == {"ipc"}  # staged buckets, no tensor leaves its GPU
-    plans = [plan_agent(agent, model_arch(agent), cfg) for agent in cfg.agents]
-    assert [p.gpus for p in plans] == [32, 8] and all(p.fits for p in plans), format_plan(plans, cfg)
-    llama = plans[0]
-    # 70B at tp=8, pp=4: the busiest stage holds 20 layers + the embedding ≈ 2.27B params per GPU
-    assert llama.weights == pytest.approx(2.27e9 * 2 / 1024**3, rel=0.02)
-    assert llama.optimizer == pytest.approx(2.27e9 * 12 / 1024**3, rel=0.02)  # dp=1: nothing to shard
-    assert llama.reference == pytest.approx(llama.weights)  # β = 0.001: a frozen bf16 copy, not offloaded
-    assert llama.train_total < 72
-    # offload_train_state: while vLLM generates the trainer keeps only its weights and the reference
-    assert llama.generate_total == pytest.approx(llama.weights + llama.reference + 0.35 * 80)
-    # refit (KV cache asleep): + the engine's bf16 weights over vLLM TP 8, the gathered 128256 × 8192 bf16
-    # embedding (1.96 GiB, the largest tensor) and, since it exceeds the 512 MiB bucket, a bucket of its size
-    # on the sender and its copy on the worker
-    embedding = 128256 * 8192 * 2 / 1024**3
-    assert llama.refit_buffers == pytest.approx(3 * embedding)
-    assert llama.refit_total == pytest.approx(llama.weights + llama.reference + 70.55e9 * 2 / 8 / 1024**3
-                                              + 3 * embedding, rel=2e-3)
-    # checkpoint (engine asleep): everything the trainer has + the optimizer's gather, P_s · 4 · (1 + 1/DP)
-    assert llama.checkpoint_gather == pytest.approx(2.27e9 * 4 * 2 / 1024**3, rel=0.02)
-    assert llama.checkpoint_total == pytest.approx(llama.weights + llama.gradients + llama.optimizer
-                                                   + llama.reference + llama.checkpoint_gather)
-    assert all(p.peak < 72 for p in plans)
-    text = format_plan(plans, cfg)
-    assert "GPUs: 40 of 40 used" in text and "| llama70b | 70.55B | 32 |" in text
-    assert "| agent | train | generate | refit | checkpoint | peak GiB/GPU (limit 72) | fits |" in text
+def test_pair_large_every_term_by_hand(large_env):
+    (llama, qwen), cfg = _plans()
+    assert cfg.runtime.cluster.gpu_memory_gib == H100_REPORTED_GIB == 79.6  # what an H100 80 GB reports, not 80
+    assert [p.gpus for p in (llama, qwen)] == [32, 8] and llama.fits and qwen.fits
+    # two processes per GPU (trainer + vLLM worker), 0.75 GiB of CUDA context each; NCCL 0.5 GiB per
+    # communicator: llama's world, TP, pipeline and embedding groups + vLLM's TP group = 5; qwen's world, TP, DP + 1
+    assert (llama.contexts, llama.nccl, qwen.contexts, qwen.nccl) == (1.5, 2.5, 1.5, 2.0)
+    assert llama.weights == pytest.approx(2 * LLAMA_PS / GIB) == pytest.approx(4.2311, abs=1e-4)
+    assert (llama.gradients, llama.optimizer) == pytest.approx((4 * LLAMA_PS / GIB, 12 * LLAMA_PS / GIB))  # dp = 1
+    # activations 80 layers · 4096 tokens · 8192 · 34/8 bytes (sequence parallel); logits 4096 · 129024/8 · 12
+    assert llama.activations == pytest.approx(80 * 4096 * 8192 * 4.25 / GIB) == pytest.approx(10.625)
+    assert llama.logits == pytest.approx(4096 * 16128 * 12 / GIB)
+    assert llama.train_total == pytest.approx(4.0 + 20 * LLAMA_PS / GIB + 10.625 + 4096 * 16128 * 12 / GIB)
+    assert llama.train_total == pytest.approx(57.68, abs=0.01)
+    # qwen8b, micro_batch_size 1: 11 bytes per parameter (2 weights + 4 grads + 12/4 optimizer + 2 reference),
+    # activations 36 · 4096 · 4096 · 17 bytes, logits 4096 · 76032 · 12
+    assert qwen.train_total == pytest.approx(3.5 + 11 * QWEN_PS / GIB + 36 * 4096 * 4096 * 17 / GIB
+                                             + 4096 * 76032 * 12 / GIB)
+    assert qwen.train_total == pytest.approx(58.51, abs=0.01)
+    # checkpoint (engine asleep): the trainer's whole state, no gather on the GPU
+    assert llama.checkpoint_total == pytest.approx(4.0 + 20 * LLAMA_PS / GIB) == pytest.approx(46.31, abs=0.01)
+    # refit: the gathered 129024 × 8192 bf16 embedding twice (TP shards + their concatenation across the yield),
+    # the staging buffer and the worker's copy of the embedding's bucket (128256 rows, 1.96 GiB each), vLLM's
+    # layer-wise reload of its largest module (the embedding shard, 128256/8 rows), vLLM's weights and pools
+    embedding = 128256 * 8192 * 2 / GIB
+    assert llama.export_buffers == pytest.approx(2 * 129024 * 8192 * 2 / GIB)
+    assert (llama.staging, llama.worker_copy) == pytest.approx((embedding, embedding))
+    assert llama.reload_buffer == pytest.approx(16032 * 8192 * 2 / GIB)
+    assert llama.refit_total == pytest.approx(4.0 + 4 * LLAMA_PS / GIB + LLAMA_TOTAL * 2 / 8 / GIB + 1.5
+                                              + 2 * 129024 * 8192 * 2 / GIB + 2 * embedding + 16032 * 8192 * 2 / GIB)
+    assert all(p.peak <= LIMIT for p in (llama, qwen))
+    text = format_plan(plan_run(cfg, [model_arch(a) for a in cfg.agents]), cfg)
+    assert "GPUs: 40 of 40 used; limit = 90% of each GPU's 79.6 GiB, CUDA contexts and NCCL counted;" in text
+    assert "| agent | train | generate | refit | checkpoint | peak GiB/GPU (limit 71.6) | fits |" in text
+
+
+def test_the_engines_budget_is_what_the_generate_phase_leaves(large_env):
+    """gpu_memory_utilization: auto = ⌊(0.9 · 79.6 − contexts − NCCL − resident) / 79.6⌋ to 0.01, and the KV cache
+    the rest of vLLM's budget after its weights, activation peak and graph pools."""
+    (llama, qwen), _ = _plans()
+    resident = 4 * LLAMA_PS / GIB  # weights + reference (offload_train_state: optimizer state on the host)
+    assert llama.vllm_utilization == 0.74  # (71.64 − 4.0 − 8.46) / 79.6 = 0.7434
+    assert llama.generate_total == pytest.approx(4.0 + resident + 0.74 * 79.6)
+    assert llama.generate_total <= LIMIT
+    # vLLM's profiling peak: 16384 tokens · (2·8192 + 1280 + 3·28672/8) · 2 bytes + 1024 · 128256 · 4 · 2
+    assert llama.vllm_activations == pytest.approx((16384 * 28416 * 2 + 1024 * 128256 * 8) / GIB)
+    kv = 0.74 * 79.6 - LLAMA_TOTAL * 2 / 8 / GIB - llama.vllm_activations - 1.5
+    assert llama.kv_cache == pytest.approx(kv) == pytest.approx(39.13, abs=0.01)
+    # a 4096-token sequence: K and V · 80 layers · 1 KV head per GPU · 128 · 2 bytes per token
+    assert llama.kv_cache_sequences == pytest.approx(kv * GIB / (2 * 80 * 128 * 2 * 4096))
+    assert int(llama.kv_cache_sequences) == 250 and llama.requests_per_engine == 128 * 8 // 4
+    assert qwen.vllm_utilization == 0.66  # (71.64 − 3.5 − 15.26) / 79.6 = 0.6643
+    assert int(qwen.kv_cache_sequences) == 146  # 4 KV heads per GPU: 72 KiB per token, 288 MiB a sequence
+    # the old fixed 0.35 left llama70b 8.1 GiB of KV cache for ~51 sequences of its 256 requests per engine
+    (fixed, _), _ = _plans(overrides=("agents.0.rollout.gpu_memory_utilization=0.35",))
+    assert fixed.kv_cache == pytest.approx(0.35 * 79.6 - LLAMA_TOTAL * 2 / 8 / GIB - fixed.vllm_activations - 1.5)
+    assert int(fixed.kv_cache_sequences) == 51
+
+
+def test_qwen8b_at_two_sequences_per_micro_batch_has_no_room_left(large_env):
+    """The choice of micro_batch_size 1: at 2 the activations (19.1) and fp32 logits (7.0) double and qwen8b needs
+    71.55 GiB of the 71.64 limit — 0.1 GiB for every error of the estimate; at 1 it needs 58.5."""
+    (_, qwen2), _ = _plans(overrides=("agents.1.parallel.micro_batch_size=2",))
+    assert qwen2.train_total == pytest.approx(3.5 + 11 * QWEN_PS / GIB + 2 * 36 * 4096 * 4096 * 17 / GIB
+                                              + 2 * 4096 * 76032 * 12 / GIB) == pytest.approx(71.55, abs=0.01)
+    assert LIMIT - qwen2.train_total < 0.1
+    (_, qwen_offload), _ = _plans(overrides=("agents.1.parallel.micro_batch_size=2", "agents.1.offload_reference=true"))
+    assert qwen_offload.train_total == pytest.approx(qwen2.train_total - 2 * QWEN_PS / GIB)  # only the reference
+
+
+def test_fp8_training_adds_transformer_engines_weight_copies(large_env):
+    """pair_large_fp8: 2 bytes per linear weight of the busiest rank (row- and column-wise FP8), nothing else."""
+    (llama, qwen), _ = _plans()
+    (llama8, qwen8), cfg = _plans("pair_large_fp8")
+    assert {a.precision.fp8 for a in cfg.agents} == {"e4m3"} and not any(a.precision.fp8_param for a in cfg.agents)
+    linear_llama = 20 * (10240 * 1024 + 8192 * 1024 + 2 * 28672 * 1024 + 8192 * 3584)
+    assert llama8.fp8_cache == pytest.approx(2 * linear_llama / GIB) == pytest.approx(3.99, abs=0.01)
+    assert llama8.train_total == pytest.approx(llama.train_total + llama8.fp8_cache)
+    assert qwen8.train_total == pytest.approx(qwen.train_total + 2 * 36 * (6144 * 2048 + 4096 * 2048
+                                                                           + 3 * 12288 * 2048) / GIB)
+    assert llama8.fits and qwen8.fits and max(qwen8.peak, llama8.peak) <= LIMIT
+    assert (llama8.generate_total, llama8.refit_total) == (llama.generate_total, llama.refit_total)
 
 
 def test_a_layout_that_cannot_fit_is_refused(large_env):
-    cfg = load_config("pair_large", ["agents.0.parallel.tp=2", "agents.0.parallel.pp=1", "agents.0.parallel.dp=16",
-                                     "agents.0.rollout.tensor_parallel_size=2"])
-    plan = plan_agent(cfg.agents[0], model_arch(cfg.agents[0]), cfg)
-    assert not plan.fits and any("training needs" in p for p in plan.problems)
-    assert "✗ llama70b: training needs" in format_plan([plan], cfg)
+    (llama, _), cfg = _plans(overrides=("agents.0.parallel.tp=2", "agents.0.parallel.pp=1", "agents.0.parallel.dp=16",
+                                        "agents.0.rollout.tensor_parallel_size=2"))
+    assert not llama.fits and any("training needs" in p for p in llama.problems)
+    assert "✗ llama70b: training needs" in format_plan([llama], cfg)
 
 
 def test_kv_cache_too_small_is_refused(large_env):
-    cfg = load_config("pair_large", ["agents.0.rollout.gpu_memory_utilization=0.2"])
-    plan = plan_agent(cfg.agents[0], model_arch(cfg.agents[0]), cfg)
-    # 70B bf16 over vLLM tp=8 is ~16 GiB per GPU: 0.2 · 80 GiB leaves no room for a KV cache
-    assert any("KV cache" in p for p in plan.problems)
+    (llama, _), _ = _plans(overrides=("agents.0.rollout.gpu_memory_utilization=0.2",))
+    # 70B bf16 over vLLM tp=8 is 16.4 GiB per GPU + 1.8 activations + 1.5 graph pools > 0.2 · 79.6 = 15.9
+    assert llama.kv_cache < 0 and any("KV cache" in p for p in llama.problems)
 
 
 def test_generation_counts_what_the_trainer_keeps_on_the_gpu(large_env):
-    # without offloading: vLLM's 0.6 · 80 GiB next to ~42 GiB of trainer state cannot fit, though the engine
-    # alone would
-    cfg = load_config("pair_large", ["agents.0.rollout.gpu_memory_utilization=0.6", "agents.0.offload_train_state=false"])
-    plan = plan_agent(cfg.agents[0], model_arch(cfg.agents[0]), cfg)
-    assert any(p.startswith("generation needs") and "resident" in p for p in plan.problems), plan.problems
-    kept_state = load_config("pair_large", ["agents.0.offload_train_state=false"])
-    plan = plan_agent(kept_state.agents[0], model_arch(kept_state.agents[0]), kept_state)
-    assert plan.generate_total == pytest.approx(plan.weights + plan.gradients + plan.optimizer + plan.reference
-                                                + 0.35 * 80)
-    base, off = load_config("pair_large"), load_config("pair_large", ["agents.0.offload_reference=true"])
-    kept = plan_agent(base.agents[0], model_arch(base.agents[0]), base)
-    offloaded = plan_agent(off.agents[0], model_arch(off.agents[0]), off)
-    assert offloaded.reference == 0 and offloaded.generate_total == pytest.approx(kept.generate_total - kept.reference)
+    # without offloading, the trainer keeps 20 bytes per parameter (42.3 GiB): auto leaves vLLM
+    # (71.64 − 4.0 − 42.31) / 79.6 = 0.318 of the GPU, and a fixed 0.6 no longer fits next to it
+    (kept, _), _ = _plans(overrides=("agents.0.offload_train_state=false",))
+    resident = (2 + 4 + 12 + 2) * LLAMA_PS / GIB
+    assert kept.resident == pytest.approx(resident)
+    assert kept.vllm_utilization == 0.31 and kept.generate_total == pytest.approx(4.0 + resident + 0.31 * 79.6)
+    (fixed, _), _ = _plans(overrides=("agents.0.rollout.gpu_memory_utilization=0.6", "agents.0.offload_train_state=false"))
+    assert any(p.startswith("generation needs") and "resident" in p for p in fixed.problems), fixed.problems
+    (offloaded, _), _ = _plans(overrides=("agents.0.offload_reference=true",))
+    (base, _), _ = _plans()
+    assert offloaded.reference == 0 and offloaded.resident == pytest.approx(base.resident - base.reference)
+    assert offloaded.vllm_utilization == 0.79  # the reference's 4.2 GiB go to the KV cache
+
+
+def test_nothing_left_for_the_engine_is_refused_with_the_fix(large_env):
+    # pp=2, dp=2, the optimizer not sharded and kept on the GPU: 20 bytes per parameter of ~4.4B per rank
+    (llama, _), _ = _plans(overrides=("agents.0.offload_train_state=false", "agents.0.parallel.pp=2",
+                                      "agents.0.parallel.dp=2", "agents.0.optimizer.use_distributed_optimizer=false",
+                                      "agents.0.optimizer.checkpoint_format=fully_reshardable"))
+    assert llama.vllm_utilization <= 0 and any("nothing is left for vLLM" in p for p in llama.problems)
 
 
 def test_each_phase_is_checked_on_its_own(large_env):
-    # qwen8b without TP: its checkpoint (everything + the optimizer's un-sharded gather) does not fit
-    cfg = load_config("pair_large", ["agents.1.parallel.tp=1", "agents.1.parallel.dp=8",
-                                     "agents.1.parallel.sequence_parallel=false"])
-    plan = plan_agent(cfg.agents[1], model_arch(cfg.agents[1]), cfg)
-    assert any(p.startswith("saving a checkpoint needs") for p in plan.problems), plan.problems
-    # the rpc refit needs no staging bucket: only the gathered largest tensor (Qwen3-8B's 151936 × 4096 bf16)
-    rpc = load_config("pair_large", ["agents.1.rollout.refit_transport=rpc"])
-    plan = plan_agent(rpc.agents[1], model_arch(rpc.agents[1]), rpc)
-    assert plan.refit_buffers == pytest.approx(151936 * 4096 * 2 / 1024**3)
+    # qwen8b without TP: its checkpoint (the whole trainer state at 4.1 · 2 = 8.2B parameters per rank) does not fit
+    (_, qwen), _ = _plans(overrides=("agents.1.parallel.tp=1", "agents.1.parallel.dp=8",
+                                     "agents.1.parallel.sequence_parallel=false", "agents.1.rollout.tensor_parallel_size=1"))
+    assert any(p.startswith("saving a checkpoint needs") for p in qwen.problems), qwen.problems
+    # the rpc refit has no staging bucket: only the gathered largest tensor twice (Qwen3-8B's 152064 × 4096 bf16
+    # embedding at tp=2's padding) and the reload of vLLM's largest module (151936/2 embedding rows)
+    (_, rpc), _ = _plans(overrides=("agents.1.rollout.refit_transport=rpc",))
+    assert rpc.refit_buffers == pytest.approx((2 * 152064 * 4096 * 2 + 75968 * 4096 * 2) / GIB)
+
+
+def test_pinned_buffers_round_up_to_powers_of_two():
+    """torch's host caching allocator: every pinned block is the next power of two of its request."""
+    assert [pow2ceil(n) for n in (1, 2, 3, 64, 65, 41_943_040)] == [1, 2, 4, 64, 128, 67_108_864]
+    # llama70b's qkv shard (10,485,760 fp32 = 40 MiB) takes a 64 MiB block; Adam's three copies of it, 3 · 64 MiB
+    assert pinned_gib([10_485_760], 4, copies=3) == pytest.approx(3 * 64 / 1024)
+    assert pinned_gib([10], 4, shards=4) == 16 / GIB  # ⌈10/4⌉ = 3 elements · 4 bytes = 12 → a 16-byte block

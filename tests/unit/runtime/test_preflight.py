@@ -51,3 +51,23 @@ def test_a_tiny_model_without_an_hf_family_is_refused_before_the_warm_start():
     (issue,) = err.value.issues
     assert issue.key == "agents[1].model.tiny" and "no HF equivalent" in issue.problem
     check_agents(load_config("pair_tiny_gpt"))  # both shipped tiny agents convert
+
+
+def test_a_checkpoint_without_tokenizer_files_is_named_and_the_plan_skips_only_its_vocabulary_check(tmp_path):
+    """Issue #26 item 8: a directory holding only config.json (a cluster sized before the weights are copied).
+    Before, loading its tokenizer died in a transformers traceback ("Couldn't instantiate the backend tokenizer")."""
+    bare = _hf_dir(tmp_path, 32000)
+    cfg = load_config("pair_tiny_gpt", ["agents.0.model.source=hf", f"agents.0.model.path={bare}",
+                                        f"agents.0.tokenizer.source={bare}"])
+    with pytest.raises(ConfigError) as info:  # a run needs the tokenizer: refused, naming the key and the directory
+        check_agents(cfg)
+    (issue,) = info.value.issues
+    assert issue.key == "agents[0].tokenizer.source"
+    assert issue.problem.startswith(f"{bare} has no tokenizer files (none of: tokenizer.json, tokenizer.model, "
+                                    "vocab.json + merges.txt, vocab.txt")
+    (note,) = check_agents(cfg, vocabulary_optional=True)  # the plan goes on without the vocabulary check
+    assert note.startswith(f"agent 'llama_tiny': {bare} has no tokenizer files") and "was skipped" in note
+    assert check_agents(load_config("pair_tiny_gpt"), vocabulary_optional=True) == []
+    (bare / "vocab.json").write_text("{}")  # half of a BPE vocabulary is still none
+    with pytest.raises(ConfigError):
+        check_agents(cfg)
