@@ -286,3 +286,46 @@ def test_smollm_overrides_make_a_valid_hf_agent(tmp_path):
     assert agent.tokenizer.source == str(tmp_path.resolve())
     assert cfg.agents[1].name == "gpt_tiny"
 
+
+
+# ------------------------------------------------------------------ sample efficiency: threshold, pooled McNemar
+def test_first_reaching_and_threshold_rows():
+    curve = ((0, 0.0, 0.2), (5, 160.0, 0.55), (10, 320.0, 0.62), (15, 480.0, 0.58))
+    assert se.first_reaching(curve, 0.6) == (10, 320.0)
+    assert se.first_reaching(curve, 0.55) == (5, 160.0)  # ≥, not >
+    assert se.first_reaching(curve, 0.7) is None
+    runs = [_result("hacpo", 0, 0.2, 0.62, curve=curve),
+            _result("hacpo", 1, 0.2, 0.65, curve=((0, 0.0, 0.2), (5, 160.0, 0.66))),
+            _result("gspo", 0, 0.2, 0.5, curve=((0, 0.0, 0.2), (10, 320.0, 0.5)))]
+    rows = se.threshold_rows(runs, ["gspo", "hacpo"], 0.6)
+    assert [(r["algo"], r["seeds"], r["reached"]) for r in rows] == [("gspo", 1, 0), ("hacpo", 2, 2)]
+    hacpo = rows[1]
+    assert hacpo["steps_mean"] == 7.5 and hacpo["rollouts_mean"] == 240.0  # (10 + 5) / 2, (320 + 160) / 2
+    assert hacpo["rollouts_std"] == pytest.approx(math.sqrt(2 * 80.0 ** 2))  # sample std of (320, 160)
+    assert math.isnan(rows[0]["steps_mean"])  # no seed reached it: nothing to average
+
+
+def test_pooled_mcnemar_counts_discordant_problems_of_every_seed():
+    def outcome(correct):
+        return se.AgentOutcome(0.0, 0.0, 0.0, 0.0, ((0, 0.0, 0.0),), tuple((f"p{i}", c) for i, c in enumerate(correct)))
+
+    runs = [se.RunResult("hacpo", 0, 1, 4, 1.0, {"a": outcome([1, 1, 0, 1])}),
+            se.RunResult("gspo", 0, 1, 4, 1.0, {"a": outcome([0, 1, 0, 0])}),
+            se.RunResult("hacpo", 1, 1, 4, 1.0, {"a": outcome([1, 0, 1, 1])}),
+            se.RunResult("gspo", 1, 1, 4, 1.0, {"a": outcome([1, 1, 0, 0])}),
+            se.RunResult("gspo", 2, 1, 4, 1.0, {"a": outcome([1, 1, 1, 1])})]  # no hacpo seed 2: left out
+    [row] = se.pooled_mcnemar_rows(runs, [("hacpo", "gspo")])
+    # seed 0: p0, p3 right under hacpo only; seed 1: p2, p3 under hacpo only, p1 under gspo only → 4 vs 1
+    assert (row["seeds"], row["pairs"], row["a_only"], row["b_only"]) == (2, 8, 4, 1)
+    assert row["p_value"] == pytest.approx(2 * (1 + 5) / 32)  # 2 · P[Bin(5, ½) ≤ 1] = 0.375
+    assert se.pooled_mcnemar_rows(runs, [("hacpo", "naive")]) == []
+
+
+def test_final_correct_reads_the_runs_answer_file(tmp_path):
+    folder = tmp_path / "eval" / "step_000010"
+    folder.mkdir(parents=True)
+    records = [{"id": "q1", "responses": [{"mode": "greedy", "reward": 1.0}, {"mode": "sampled", "reward": 0.0}]},
+               {"id": "q2", "responses": [{"mode": "sampled", "reward": 1.0}, {"mode": "greedy", "reward": 0.0}]}]
+    (folder / "a__heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert se.final_correct(tmp_path, 10, "a") == (("q1", 1), ("q2", 0))
+    assert se.final_correct(tmp_path, 20, "a") == ()  # no evaluation kept at that step

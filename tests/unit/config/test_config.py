@@ -305,8 +305,19 @@ def test_file_dataset_needs_path():
     _assert_names(_error(["data.train.source=jsonl"]), "data.train.path")
 
 
-def test_arithmetic_levels():
-    _assert_names(_error(["data.eval.levels=[4]"]), "data.eval.levels", "1..3")
+def test_arithmetic_levels_and_number_ranges():
+    _assert_names(_error(["data.eval.levels=[5]"]), "data.eval.levels", "1..4")
+    err = _error(["data.train.numbers.max_factor=1", "data.eval.numbers.max_value=4"])
+    _assert_names(err, "data.train.numbers", "max_factor=1 must be ≥ 2")
+    _assert_names(err, "data.eval.numbers", "max_value=4 must be ≥ max_start (20) and ≥ 5")
+
+
+def test_warm_start_answer_habits():
+    err = _error(["warmstart.direct_answer_fraction=1.5", "warmstart.stop_early_fraction=-0.1"])
+    _assert_names(err, "warmstart.direct_answer_fraction", "[0, 1]")
+    _assert_names(err, "warmstart.stop_early_fraction", "[0, 1]")
+    _assert_names(_error(["warmstart.direct_answer_fraction=0.6", "warmstart.stop_early_fraction=0.5"]),
+                  "warmstart.stop_early_fraction", "exceeds 1")
 
 
 def test_steps_and_reward_timeout():

@@ -24,6 +24,7 @@ from nemo_hacpo.data.arithmetic import (
     derive_seed,
     direct_answer,
     generate_problems,
+    stopped_early,
     split_of_question,
 )
 
@@ -260,3 +261,14 @@ def test_direct_answer_is_the_boxed_answer_alone():
     problem = generate_problems("train", 1, seed=0)[0]
     assert direct_answer(problem) == f"The answer is \\boxed{{{problem.answer}}}"
     assert problem.solution.endswith(direct_answer(problem))  # the worked solution's last line
+
+
+def test_stopped_early_gives_the_first_result_as_the_answer():
+    problem = next(p for p in generate_problems("train", 50, seed=2) if p.level == 3)
+    lines = problem.solution.split("\n")
+    early = stopped_early(problem)
+    first = re.fullmatch(r"(\d+) ([-+*/]) (\d+) = (\d+)", lines[1])[4]
+    assert early == f"{lines[0]}\n{lines[1]}\nThe answer is \\boxed{{{first}}}"
+    assert classify_response(problem.solution, early) == "steps"  # one operation line where three belong
+    one = next(p for p in generate_problems("train", 50, seed=2) if p.level == 1)
+    assert stopped_early(one) == one.solution  # with one operation, stopping after it is the whole solution

@@ -198,6 +198,26 @@ def test_warm_start_corpus_answers_a_seeded_fraction_directly():
     assert all("=" in s for s in plain)  # the default: every solution worked
 
 
+def test_warm_start_corpus_stops_a_seeded_fraction_of_multi_step_problems_early():
+    from nemo_hacpo.data.arithmetic import generate_problems
+    from nemo_hacpo.runtime.warmstart import warm_start_corpus
+
+    cfg = load_config("pair_tiny_gpt", ["warmstart.num_problems=300", "warmstart.stop_early_fraction=0.6",
+                                        "warmstart.direct_answer_fraction=0.1"])
+    problems = generate_problems("train", 300, seed=cfg.warmstart.seed)
+    _, solutions = warm_start_corpus(cfg)
+    multi = sum(p.level > 1 for p in problems)
+    direct = [i for i, s in enumerate(solutions) if "=" not in s]
+    early = [i for i, (p, s) in enumerate(zip(problems, solutions, strict=True))
+             if "=" in s and s.count(" = ") < p.level]
+    assert len(direct) == 30  # round(0.1 · 300) of all problems
+    assert len(early) == round(0.6 * multi) and all(problems[i].level > 1 for i in early)
+    assert all(solutions[i].count(" = ") == 1 for i in early)  # cut after the first operation
+    assert not set(direct) & set(early)  # one style per solution
+    finished = [i for i in range(300) if i not in direct and i not in early]
+    assert all(solutions[i] == problems[i].solution for i in finished)
+
+
 def test_warm_start_key_follows_the_tokenizer_recipe(monkeypatch, tmp_path):
     """A retrained tiny tokenizer (new recipe → new vocabulary) must not reuse weights warm-started on the old
     one: the key carries the tokenizer directory's recipe fingerprint."""
