@@ -64,6 +64,7 @@ def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
     optimizer = dataclasses.asdict(agent.optimizer)
     for unused in ("lr", "min_lr", "lr_warmup_steps", "lr_decay_style"):  # the warm start sets its own schedule
         optimizer.pop(unused)
+    optimizer.pop("checkpoint_format")  # how a checkpoint is written does not shape the weights
     shaping = {"model": dataclasses.asdict(agent.model), "tokenizer": dataclasses.asdict(agent.tokenizer),
                "lengths": [agent.max_prompt_length, agent.max_response_length], "optimizer": optimizer,
                "warmstart": dataclasses.asdict(cfg.warmstart), "system_prompt": cfg.data.system_prompt,

@@ -24,8 +24,8 @@ from nemo_hacpo.data.arithmetic import (
     derive_seed,
     direct_answer,
     generate_problems,
-    stopped_early,
     split_of_question,
+    stopped_early,
 )
 
 _BINARY_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}

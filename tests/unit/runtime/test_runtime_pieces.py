@@ -165,6 +165,8 @@ def test_warm_start_key_tracks_what_shapes_the_checkpoint():
     key = warm_start_key(base.agents[0], base)
     assert key == warm_start_key(load_config("pair_tiny_gpt", ["agents.0.optimizer.lr=0.5"]).agents[0], base)  # RL lr
     assert key == warm_start_key(base.agents[0], load_config("pair_tiny_gpt", ["warmstart.cache_dir=/elsewhere"]))
+    assert key == warm_start_key(  # how checkpoints are written does not shape the weights
+        load_config("pair_tiny_gpt", ["agents.0.optimizer.checkpoint_format=dp_reshardable"]).agents[0], base)
     assert key != warm_start_key(load_config("pair_tiny_gpt", ["agents.0.model.tiny.num_layers=2"]).agents[0], base)
     assert key != warm_start_key(base.agents[0], load_config("pair_tiny_gpt", ["warmstart.steps=10"]))
     assert key != warm_start_key(base.agents[1], base)
