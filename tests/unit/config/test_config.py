@@ -53,6 +53,22 @@ def test_pair_tiny_composes_and_validates():
         cfg.algo.alpha = 3.0  # type: ignore[misc]
 
 
+def test_the_default_runs_task_is_a_config_group_any_tiny_config_can_use():
+    """pair_tiny trains on `conf/task/stop_early.yaml`; the other tiny configs keep the original task
+    (`task: arithmetic`) and take the default run's with `task=stop_early` — data and warm start both."""
+    small = C.ArithmeticNumbers(max_value=20, max_start=9, max_addend=9, max_subtrahend=9, max_factor=3, max_divisor=3)
+    default = load_config()
+    assert default.data.train.numbers == default.data.eval.numbers == small
+    assert (default.data.train.levels, default.data.eval.levels, default.data.eval.size) == ((1, 2, 3), (1, 2, 3), 500)
+    assert (default.warmstart.stop_early_fraction, default.warmstart.direct_answer_fraction) == (0.6, 0.0)
+    trio = load_config("trio_tiny", ["task=stop_early"])
+    assert trio.data.train.numbers == small and trio.data.eval.size == 500 and trio.warmstart.stop_early_fraction == 0.6
+    original = load_config("pair_tiny_gpt")
+    assert original.data.train.numbers == C.ArithmeticNumbers() and original.warmstart.stop_early_fraction == 0.0
+    assert load_config("pair_tiny", ["task=arithmetic"]).data.train.numbers == C.ArithmeticNumbers()
+    assert load_config(overrides=["warmstart.stop_early_fraction=0.3"]).warmstart.stop_early_fraction == 0.3
+
+
 def test_spec_defaults():
     algo = C.AlgoConfig()
     assert (algo.capability_window, algo.ratio_min, algo.ratio_max, algo.capability_warmup_steps) == (5, 0.1, 10.0, 0)
