@@ -70,22 +70,28 @@ def moving_average(values: Sequence[float], window: int) -> list[float]:
 
 
 def write_curves(metrics_path: str | Path, plot_path: str | Path, patterns: Sequence[str],
-                 title: str = "", ylabel: str = "", smooth: int = 1) -> Path:
-    """Plot every metric matching `patterns` against the step (PNG, matplotlib's Agg backend). With `smooth` > 1
-    each metric's points are drawn faintly and its trailing `moving_average` over `smooth` steps as the line."""
+                 title: str = "", ylabel: str = "", smooth: int = 1, dashed: Sequence[str] = ()) -> Path:
+    """Plot every metric matching `patterns` against the step (PNG, matplotlib's Agg backend), one colour per
+    agent (the key's part before the first `/`); metrics matching a `dashed` pattern are drawn dashed. With
+    `smooth` > 1 each metric's points are drawn faintly and its trailing `moving_average` over `smooth` steps as
+    the line."""
     plt = pyplot()
     series = select_series(read_metrics(metrics_path), patterns)
     if not series:
         raise ValueError(f"no metric in {metrics_path} matches {list(patterns)}")
     fig, ax = plt.subplots(figsize=(7, 4))
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours: dict[str, str] = {}
     for key, points in sorted(series.items()):
         steps, values = zip(*points, strict=True)
+        colour = colours.setdefault(key.split("/", 1)[0], palette[len(colours) % len(palette)])
+        style = "--" if any(fnmatch.fnmatchcase(key, p) for p in dashed) else "-"
         if smooth > 1:
-            raw = ax.plot(steps, values, marker="o", markersize=2, linewidth=0.8, alpha=0.35)[0]
-            ax.plot(steps, moving_average(values, smooth), color=raw.get_color(),
+            ax.plot(steps, values, color=colour, linestyle=style, marker="o", markersize=2, linewidth=0.8, alpha=0.35)
+            ax.plot(steps, moving_average(values, smooth), color=colour, linestyle=style,
                     label=f"{key} (mean of {smooth} steps)")
         else:
-            ax.plot(steps, values, marker="o", markersize=3, label=key)
+            ax.plot(steps, values, color=colour, linestyle=style, marker="o", markersize=3, label=key)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel or ", ".join(patterns))
     ax.set_title(title)

@@ -345,7 +345,7 @@ class HacpoRun:
             row = {"agent": a, "eval_accuracy_start": first[a], "eval_accuracy_end": last[a]}
             if "correct" in first and "correct" in last and last is not first:  # paired: the same problems
                 test = mcnemar_exact(first["correct"][a], last["correct"][a])
-                row.update(gained=test.gained, lost=test.lost, mcnemar_p=test.p_value)
+                row.update(gained=test.gained, lost=test.lost, mcnemar_p=f"{test.p_value:.2g}")  # 3.1e-23, not 0.000
             if "sampled" in first and "sampled" in last:  # runtime.eval_samples: avg@n and pass@n, start → end
                 for key in first["sampled"][a]:
                     row[f"{key}_start"], row[f"{key}_end"] = first["sampled"][a][key], last["sampled"][a][key]
@@ -367,7 +367,8 @@ class HacpoRun:
             write_curves(metrics_file, self.out_dir / "reward_curve.png", ["*/reward_mean"], smooth=REWARD_SMOOTHING,
                          title=f"{name}: training reward", ylabel="mean reward")
             write_curves(metrics_file, self.out_dir / "eval_accuracy.png", ["*/eval_accuracy", "*/eval/avg@*"],
-                         title=f"{name}: held-out accuracy (greedy; avg@n sampled)", ylabel="accuracy")
+                         dashed=["*/eval/avg@*"], ylabel="accuracy",
+                         title=f"{name}: held-out accuracy (greedy; dashed: avg@n at the sampling temperature)")
             write_curves(metrics_file, self.out_dir / "response_length.png", ["*/response_length_mean"],
                          smooth=REWARD_SMOOTHING, title=f"{name}: mean response length (training samples)",
                          ylabel="tokens")
