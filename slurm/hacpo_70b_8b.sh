@@ -73,7 +73,8 @@ while [[ $# -gt 0 ]]; do
 done
 
 # Not per job: resubmitting the same job (after a failure, a preemption or the time limit) resumes from the
-# last complete checkpoint there. Two jobs of one config at once need their own HACPO_OUTPUT_DIR.
+# last complete checkpoint there. Two jobs of one config at once need their own HACPO_OUTPUT_DIR: the second
+# driver on a directory in use exits 2 naming the first (its lock, <dir>/run.lock).
 export HACPO_OUTPUT_DIR=${HACPO_OUTPUT_DIR:-$REPO_DIR/outputs/$CONFIG}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 LOG_DIR=$HACPO_OUTPUT_DIR/logs

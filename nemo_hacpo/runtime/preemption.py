@@ -163,9 +163,8 @@ class Deadline:
         if found is None:
             return None
         end, what = found
-        return (f"time limit: {what} at {_clock(end)} (in {format_duration(end - self.wall())} h:m:s); the run saves "
-                f"and stops before it when the next step and a checkpoint would not finish {self.margin_s:.0f} s "
-                "ahead of it")
+        return (f"time limit: {what} at {_clock(end)} (in {format_duration(end - self.wall())}); the run saves and "
+                f"stops before it when the next step and a checkpoint would not end {self.margin_s:.0f} s ahead of it")
 
     def too_close(self, step_s: float | None, checkpoint_s: float | None) -> str | None:
         """Why the run must stop before its next step, or None. `step_s`/`checkpoint_s`: the estimates (None: not
@@ -212,7 +211,7 @@ class Preemption:
     def reason(self, deadline: bool = True) -> str | None:
         """Why the run stops now (a signal, or with `deadline` the time limit), or None to go on."""
         if self.signal.received is not None:
-            return f"{self.signal.received} received: stopping after the step in progress"
+            return f"{self.signal.received}: the step in progress has ended; saving a checkpoint and stopping"
         return self.deadline.too_close(self.step_s, self.checkpoint_s) if deadline else None
 
 

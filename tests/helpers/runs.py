@@ -28,13 +28,15 @@ COMPARED = ("reward_mean", "response_length_mean", "train/loss", "train/policy_l
 
 
 def tiny_overrides(out: Path, steps: int, *extra: str) -> list[str]:
-    """B = 2, G = 2, 16-token responses, 2 updates, no warm start, a checkpoint every step (`extra` overrides)."""
-    return [f"runtime.output_dir={out}", f"runtime.steps={steps}", "runtime.checkpoint_interval=1",
-            "runtime.eval_interval=0", "runtime.logging=[jsonl]", "runtime.save_hf=false", "warmstart.enabled=false",
-            "algo.batch_size=2", "algo.group_size=2", "algo.updates_per_step=2", "data.eval.size=2",
-            "agents.0.max_response_length=16", "agents.1.max_response_length=16",
-            "agents.0.parallel.micro_batch_size=2", "agents.1.parallel.micro_batch_size=2", "reward.num_workers=0",
-            *extra]
+    """B = 2, G = 2, 16-token responses, 2 updates, no warm start, a checkpoint every step; an `extra` override
+    replaces the default of its key (`runtime.checkpoint_interval=0`) or adds one."""
+    defaults = [f"runtime.output_dir={out}", f"runtime.steps={steps}", "runtime.checkpoint_interval=1",
+                "runtime.eval_interval=0", "runtime.logging=[jsonl]", "runtime.save_hf=false",
+                "warmstart.enabled=false", "algo.batch_size=2", "algo.group_size=2", "algo.updates_per_step=2",
+                "data.eval.size=2", "agents.0.max_response_length=16", "agents.1.max_response_length=16",
+                "agents.0.parallel.micro_batch_size=2", "agents.1.parallel.micro_batch_size=2", "reward.num_workers=0"]
+    replaced = {item.split("=", 1)[0] for item in extra}
+    return [item for item in defaults if item.split("=", 1)[0] not in replaced] + list(extra)
 
 
 def start_driver(out: Path, steps: int, log: Path, *extra: str) -> subprocess.Popen:

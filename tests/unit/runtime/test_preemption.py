@@ -160,7 +160,7 @@ def test_sigusr1_while_starting_interrupts_and_while_training_is_only_recorded(u
     training.begin_training()
     _deliver(signal.SIGUSR1)
     assert training.received == "SIGUSR1" and not training.raised
-    assert "SIGUSR1 received" in Preemption(Deadline(None, None, 0.0), training).reason(deadline=False)
+    assert "SIGUSR1: the step in progress has ended" in Preemption(Deadline(None, None, 0.0), training).reason(deadline=False)
 
 
 class _SignallingGroup:
@@ -197,7 +197,7 @@ def test_sigusr1_inside_a_checkpoint_lets_it_complete_and_the_stop_saves_nothing
     path = run.checkpoint()
     assert usr1.received == "SIGUSR1" and latest_checkpoint(tmp_path).path == path
     why = run.preemption.reason()
-    assert why is not None and why.startswith("SIGUSR1 received")
+    assert why is not None and why.startswith("SIGUSR1: the step in progress has ended")
     assert run.stop_early(why) == EXIT_PREEMPTED and group.saves == 1
     assert f"preempted: checkpoint step 1 ({path})" in capsys.readouterr().err
 
