@@ -129,8 +129,9 @@ class HacpoRun:
 
     # ------------------------------------------------------------------------------------------ start-up
     def start(self) -> None:
-        """Check, then start: the resume checkpoint (verified) and the run record first, before Ray starts or
-        anything is written; then the warm start, the worker groups and the broker."""
+        """Check, then start: the output directory's lock (`run_lock`: a live run there refuses this one), the
+        resume checkpoint (verified) and the run record first, before Ray starts or anything is written; then the
+        warm start, the worker groups and the broker."""
         cfg = self.cfg
         self._lock = RunLock(self.out_dir, cfg.runtime.lock_stale_s).acquire()  # one run per directory
         resume = latest_checkpoint(self.out_dir, hashes=cfg.runtime.checkpoint_hashes) if cfg.runtime.resume else None
