@@ -6,6 +6,10 @@
     python recipes/train.py --describe                        # every config key with its docstring
     python recipes/train.py --config-name pair_large --plan   # GPUs, layout, memory per GPU; refuses a misfit
 
+Exit status: 0 done, 1 a worker failed, 2 a start-up check failed (a config or data error, the output directory
+held by another live run), 75 stopped early with a verified checkpoint (SIGUSR1, runtime.stop_by or the Slurm
+job's end time; the same command continues), 143 stopped by SIGTERM.
+
 Overrides are Hydra's `key=value` (list items by index: `agents.0.optimizer.lr=1e-5`), config groups
 (`algo=gspo_x2`). The recipe composes components; the step loop lives in `nemo_hacpo.runtime`.
 """
@@ -13,7 +17,9 @@ Overrides are Hydra's `key=value` (list items by index: `agents.0.optimizer.lr=1
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 
 from nemo_hacpo.config import ConfigError, compose, describe, dump_config, validate
 
@@ -63,6 +69,10 @@ def print_plan(cfg, notes: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is threading.main_thread():
+        # SIGUSR1 asks a run to save and stop (nemo_hacpo/runtime/preemption.py); until the run has installed
+        # its handler (after the imports), one must not kill the process with the default action
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     args = parse_args(sys.argv[1:] if argv is None else argv)
     if args.describe:
         print("\n".join(describe()))

@@ -11,6 +11,16 @@
 # $HACPO_OUTPUT_DIR/logs/ (ray-<node>.log, driver.log; the driver's output is also in the job's output file).
 # Ray is stopped when the script exits, fails or is cancelled (scancel / time limit: SIGTERM).
 #
+# Ahead of the time limit: Slurm sends SIGUSR1 to this script <lead> seconds before the job's end
+# (`--signal=B:USR1@<lead>`, 900 s below; another lead: `sbatch --signal=B:USR1@1800 ...`); the script passes it
+# to the driver, which finishes the step in progress, saves a verified checkpoint and exits 75. The driver also
+# stops by itself when the next step and a checkpoint (as measured) would not end runtime.stop_margin_s before the
+# job's end time. `scancel --signal=USR1 --batch <job>` does the same at any time. Submitted with `--requeue`, the
+# job then requeues itself and its next run continues from that checkpoint; without, it ends with exit code 75
+# and resubmitting the same command continues. Exit status: the driver's (0 done, 1 a worker failed, 2 a start-up
+# check failed — the output directory held by another live run among them —, 75 saved and stopped early, 143
+# stopped by SIGTERM).
+#
 # Environment: CONFIG (or CONFIG_NAME; default pair_large), PYTHON (default: python on PATH, e.g. a venv's
 # bin/python), HACPO_OUTPUT_DIR (outputs/<config>: resubmitting the job resumes there), HACPO_HEAD_IP (the head
 # node's address the others dial; default: slurm/node_address.py on it, never loopback), RAY_PORT (6379), RAY_NUM_CPUS (default: the CPUs Slurm gave the task),
@@ -28,7 +38,9 @@
 #SBATCH --cpus-per-task=64
 #SBATCH --exclusive
 #SBATCH --time=48:00:00
+#SBATCH --signal=B:USR1@900
 #SBATCH --output=slurm-%x-%j.out
+#SBATCH --open-mode=append
 set -euo pipefail
 
 CONFIG=${CONFIG:-${CONFIG_NAME:-pair_large}}
@@ -37,6 +49,22 @@ RAY_PORT=${RAY_PORT:-6379}
 REPO_DIR=${REPO_DIR:-${SLURM_SUBMIT_DIR:-$(pwd)}}
 PYTHON=${PYTHON:-python}
 JOB_ID=${SLURM_JOB_ID:?run this script with sbatch}
+EXIT_PREEMPTED=75  # the driver saved a checkpoint and stopped early (nemo_hacpo/runtime/preemption.py)
+
+# SIGUSR1 (ahead of the time limit, or `scancel --signal=USR1 --batch`): passed to the driver once it runs; before
+# that the job stops without starting it. Set first: bash's default for SIGUSR1 is to die.
+driver_pid=""
+preempt_requested=0
+on_usr1() {
+    preempt_requested=1
+    if [[ -n "$driver_pid" ]] && kill -0 "$driver_pid" 2>/dev/null; then
+        echo "[hacpo] SIGUSR1: asking the driver to save a checkpoint after the step in progress and stop"
+        kill -USR1 "$driver_pid" 2>/dev/null || true
+    else
+        echo "[hacpo] SIGUSR1: the driver is not running; the job stops before starting it"
+    fi
+}
+trap on_usr1 USR1
 
 # `--config-name X` among the arguments picks the config; everything else is passed through as overrides.
 overrides=()
@@ -45,7 +73,8 @@ while [[ $# -gt 0 ]]; do
 done
 
 # Not per job: resubmitting the same job (after a failure, a preemption or the time limit) resumes from the
-# last complete checkpoint there. Two jobs of one config at once need their own HACPO_OUTPUT_DIR.
+# last complete checkpoint there. Two jobs of one config at once need their own HACPO_OUTPUT_DIR: the second
+# driver on a directory in use exits 2 naming the first (its lock, <dir>/run.lock).
 export HACPO_OUTPUT_DIR=${HACPO_OUTPUT_DIR:-$REPO_DIR/outputs/$CONFIG}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 LOG_DIR=$HACPO_OUTPUT_DIR/logs
@@ -103,7 +132,6 @@ echo "[hacpo] job $JOB_ID: ${#nodes[@]} node(s), head $head_node ($head_ip), $gp
 
 # ------------------------------------------------------------------------------------------ teardown
 ray_pids=()
-driver_pid=""
 any_alive() { local pid; for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
 cleanup() {
     local rc=$?
@@ -130,6 +158,15 @@ cleanup() {
     fi
     [[ ${#ray_pids[@]} -gt 0 ]] && echo "[hacpo] ray stopped on ${#nodes[@]} node(s) (job time ${SECONDS} s)"
     echo "[hacpo] exit status $rc; outputs in $HACPO_OUTPUT_DIR, logs in $LOG_DIR"
+    if [[ $rc -eq $EXIT_PREEMPTED ]]; then
+        # `sbatch --requeue` (or JobRequeue=1): Requeue=1 in the job's record
+        if scontrol show job -o "$JOB_ID" 2>/dev/null | grep -q '\bRequeue=1\b'; then
+            echo "[hacpo] requeueing job $JOB_ID (run ${SLURM_RESTART_COUNT:-0}): its next run continues from the checkpoint"
+            scontrol requeue "$JOB_ID" || echo "[hacpo] scontrol requeue failed: resubmit the same command to continue"
+        else
+            echo "[hacpo] stopped early with a checkpoint: resubmit the same command to continue (or submit with --requeue)"
+        fi
+    fi
     exit "$rc"
 }
 trap cleanup EXIT
@@ -186,14 +223,24 @@ done
 [[ ${#nodes[@]} -gt 1 ]] && ray_wait "${#nodes[@]}"
 
 # ------------------------------------------------------------------------------------------ driver
-# In the background (with `wait`), so that a SIGTERM reaches the trap at once instead of after the driver.
+if [[ $preempt_requested -eq 1 ]]; then
+    echo "[hacpo] not starting the driver: SIGUSR1 came while Ray started"
+    exit "$EXIT_PREEMPTED"
+fi
+# In the background (with `wait`), so that a SIGTERM or SIGUSR1 reaches its trap at once instead of after the
+# driver.
 "${srun_one[@]}" -w "$head_node" "$PYTHON" "$REPO_DIR/recipes/train.py" --config-name "$CONFIG" \
     runtime.cluster.ray_address="$head_ip:$RAY_PORT" runtime.cluster.num_nodes="${#nodes[@]}" \
     runtime.cluster.gpus_per_node="$gpus_per_node" runtime.output_dir="$HACPO_OUTPUT_DIR" \
     "${overrides[@]}" > >(trap "" TERM; exec tee -a "$LOG_DIR/driver.log") 2>&1 &
 driver_pid=$!
-status=0
-wait "$driver_pid" || status=$?
+while :; do
+    status=0
+    wait "$driver_pid" || status=$?
+    # a trapped signal (SIGUSR1) ends `wait` early with 128+n while the driver still runs: wait again
+    if [[ $status -gt 128 ]] && kill -0 "$driver_pid" 2>/dev/null; then continue; fi
+    break
+done
 driver_pid=""
 echo "[hacpo] driver exited with status $status (job time ${SECONDS} s)"
 exit "$status"

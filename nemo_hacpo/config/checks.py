@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -241,9 +242,18 @@ def _check_runtime(rt: RuntimeConfig, out: list[ConfigIssue]) -> None:
         out.append(ConfigIssue("runtime.steps", "must be ≥ 1", "use a positive step count"))
     if rt.eval_samples < 0:
         out.append(ConfigIssue("runtime.eval_samples", "must be ≥ 0", "0 = greedy only, or e.g. 8"))
-    for key in ("collective_timeout_s", "call_timeout_s"):
+    for key in ("collective_timeout_s", "call_timeout_s", "lock_stale_s"):
         if getattr(rt, key) <= 0:
             out.append(ConfigIssue(f"runtime.{key}", "must be > 0 seconds", "use e.g. 1800"))
+    if rt.stop_margin_s < 0:
+        out.append(ConfigIssue("runtime.stop_margin_s", f"must be ≥ 0 seconds, got {rt.stop_margin_s}",
+                               "use e.g. 300 (the shutdown after the last save)"))
+    if rt.stop_by is not None:
+        try:
+            datetime.fromisoformat(rt.stop_by.strip().replace("Z", "+00:00"))
+        except ValueError:
+            out.append(ConfigIssue("runtime.stop_by", f"{rt.stop_by!r} is not an ISO 8601 date and time",
+                                   "e.g. runtime.stop_by=2026-07-01T18:00 (local time) or 2026-07-01T18:00+02:00"))
     for key, meaning in (("checkpoint_interval", "0 = only at the end"), ("eval_interval", "0 = only at start and end"),
                          ("keep_checkpoints", "0 = keep every one")):
         if getattr(rt, key) < 0:

@@ -480,6 +480,17 @@ class RuntimeConfig:
     call_timeout_s: float = 3600.0
     """Longest the driver waits for one worker call (generate, train, save, ...) before stopping the job
     with the agent and rank named."""
+    stop_by: str | None = None
+    """Save a checkpoint and stop (exit status 75) before this time: ISO 8601, `2026-07-01T18:00` (local time) or
+    with a zone (`…+02:00`). Inside a Slurm job its end time counts too (the earlier). The run stops before a step
+    when that step plus a checkpoint (both as measured) plus `stop_margin_s` would end after it."""
+    stop_margin_s: float = 300.0
+    """Seconds kept free before the time limit (runtime.stop_by or the Slurm job's end) after the last save: the
+    engines' and Ray's shutdown and the job script's teardown."""
+    lock_stale_s: float = 300.0
+    """The run holds `<output_dir>/run.lock` and refreshes its heartbeat every lock_stale_s/10 s; another run takes
+    the lock over when its holder is gone: on the same host its pid has ended, in Slurm its job has ended, else
+    its heartbeat is older than this."""
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     """Resources."""
 

@@ -151,6 +151,9 @@ def _debug_delay(action: str | None) -> float:
 def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
     """Worker loop: receive ``(task_key, PreparedAnswer)``, reply ``(task_key, ScoredAnswer)``; ``None`` stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when workers stop
+    # SIGUSR1 asks the driver to save and stop; Slurm (srun forwarding it) signals the driver's children too,
+    # and its default action would kill a worker in the middle of an answer
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _limit_address_space(settings.memory_limit_mb)
     # Warm up sympy's lazy imports so the first real answer is timed like the others.
     score_prepared(

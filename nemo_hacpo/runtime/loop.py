@@ -38,8 +38,22 @@ from nemo_hacpo.runtime.cross_path import (
 )
 from nemo_hacpo.runtime.evaluation import evaluate_agents
 from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray, wait_released
+from nemo_hacpo.runtime.preemption import (
+    EXIT_PREEMPTED,
+    Deadline,
+    Preemption,
+    StopSignal,
+    install_preempt_handler,
+    restore_preempt_handler,
+)
 from nemo_hacpo.runtime.preflight import check_agents, tokenizer_source
-from nemo_hacpo.runtime.run_checkpoint import archive_previous_run, latest_checkpoint, save_run_checkpoint
+from nemo_hacpo.runtime.run_checkpoint import (
+    archive_previous_run,
+    checkpoints,
+    latest_checkpoint,
+    save_run_checkpoint,
+)
+from nemo_hacpo.runtime.run_lock import LockLost, RunLock
 from nemo_hacpo.runtime.run_record import check_resume, write_record
 from nemo_hacpo.runtime.step_log import MetricsLogger, drop_records_after
 from nemo_hacpo.runtime.warmstart import ensure_warm_start
@@ -81,9 +95,12 @@ def own_rollouts(agent: str, problems: list[MathProblem], messages: list[list[di
 
 
 class HacpoRun:
-    """One training run: data, verifier, worker groups, broker, the loop, checkpoints and the final report."""
+    """One training run: data, verifier, worker groups, broker, the loop, checkpoints and the final report.
 
-    def __init__(self, cfg: HacpoConfig):
+    `stop_signal`: the SIGUSR1 handler `train()` installed (`preemption.StopSignal`), which the loop asks after
+    every step; the run's lock on its output directory is held from `start()` to `close()`."""
+
+    def __init__(self, cfg: HacpoConfig, stop_signal: StopSignal | None = None):
         self.cfg = cfg
         self.out_dir = Path(cfg.runtime.output_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -103,6 +120,9 @@ class HacpoRun:
         self.totals = {a: {"rollouts_generated": 0, "sequences_trained": 0} for a in self.agents}
         self.eval_history: list[dict[str, Any]] = []
         self.groups: dict[str, AgentGroup] = {}
+        self.preemption = Preemption(Deadline.of(cfg.runtime), stop_signal)  # SIGUSR1 and the time limit
+        self._lock: RunLock | None = None
+        self._saved_step = 0  # the step of the newest checkpoint this run wrote or resumed from
 
     @property
     def samples_per_prompt(self) -> int:
@@ -111,9 +131,11 @@ class HacpoRun:
 
     # ------------------------------------------------------------------------------------------ start-up
     def start(self) -> None:
-        """Check, then start: the resume checkpoint (verified) and the run record first, before Ray starts or
-        anything is written; then the warm start, the worker groups and the broker."""
+        """Check, then start: the output directory's lock (`run_lock`: a live run there refuses this one), the
+        resume checkpoint (verified) and the run record first, before Ray starts or anything is written; then the
+        warm start, the worker groups and the broker."""
         cfg = self.cfg
+        self._lock = RunLock(self.out_dir, cfg.runtime.lock_stale_s).acquire()  # one run per directory
         resume = latest_checkpoint(self.out_dir, hashes=cfg.runtime.checkpoint_hashes) if cfg.runtime.resume else None
         if resume is not None:
             changed = check_resume(self.out_dir, cfg)  # refuses a change of what the checkpoints hold
@@ -139,6 +161,7 @@ class HacpoRun:
             self.train_set.load_state_dict(state["data"])
             self.totals, self.eval_history = state["totals"], state["eval_history"]
             resume_from = {a: str(resume.agent_dir(a)) for a in self.agents}
+            self._saved_step = self.step
             print(f"resuming from {resume.path} (step {self.step})", flush=True)  # on the console: a resubmitted job
         total_updates = cfg.runtime.steps * cfg.algo.updates_per_step
         for i, agent in enumerate(cfg.agents):
@@ -306,7 +329,13 @@ class HacpoRun:
             if not self.eval_history:
                 log.log(self.step, self.evaluate(scorer))
             cross_path = CrossPathMonitor(self.agents)
+            self.preemption.signal.begin_training()  # from here SIGUSR1 lets the step in progress finish
+            if (limit := self.preemption.deadline.describe()) is not None:
+                print(limit, flush=True)
             while self.step < cfg.runtime.steps:
+                if (why := self.preemption.reason()) is not None:  # SIGUSR1, or no time for a step and a save
+                    return self.stop_early(why)
+                tick = time.monotonic()
                 metrics = self.run_step(scorer)
                 for message in cross_path.update(metrics):
                     logger.warning(message)
@@ -316,9 +345,12 @@ class HacpoRun:
                 if self.step == cfg.runtime.steps:
                     metrics.update(self.evaluate(scorer))
                 log.log(self.step, metrics)
+                self.preemption.step_took(time.monotonic() - tick)
                 every = cfg.runtime.checkpoint_interval
                 if (every and self.step % every == 0) or self.step == cfg.runtime.steps:
                     self.checkpoint()
+            if (why := self.preemption.reason(deadline=False)) is not None:  # the export and report: on the rerun
+                return self.stop_early(why)
         if cfg.runtime.save_hf:
             self.export_hf()
         self.report()
@@ -332,10 +364,35 @@ class HacpoRun:
         return {a: self.out_dir / "hf" / a for a in self.agents}
 
     def checkpoint(self) -> Path:
+        if self._lock is not None:
+            self._lock.check()  # another run has taken the directory over: write nothing into it
         state = {"step": self.step, "tracker": self.tracker.state_dict(), "data": self.train_set.state_dict(),
                  "totals": self.totals, "eval_history": self.eval_history}
-        return save_run_checkpoint(self.out_dir, self.step, state, self.groups, keep=self.cfg.runtime.keep_checkpoints,
+        tick = time.monotonic()
+        path = save_run_checkpoint(self.out_dir, self.step, state, self.groups, keep=self.cfg.runtime.keep_checkpoints,
                                    hashes=self.cfg.runtime.checkpoint_hashes)
+        self.preemption.checkpoint_took(time.monotonic() - tick)
+        self._saved_step = self.step
+        return path
+
+    def stop_early(self, why: str) -> int:
+        """Stop before `runtime.steps` (SIGUSR1, the time limit): a checkpoint of the current step unless the run
+        just saved or resumed from one, verified against its manifest (every file there with its size, the driver
+        state readable; digests are checked when a run resumes); `EXIT_PREEMPTED`, or 1 if it does not verify."""
+        print(why, file=sys.stderr, flush=True)
+        if self.step != self._saved_step:
+            self.checkpoint()
+        saved = next((c for c in checkpoints(self.out_dir) if c.step == self.step), None)
+        if saved is None:  # nothing trained yet and nothing to resume from
+            print("preempted: no checkpoint yet (a rerun starts over)", file=sys.stderr, flush=True)
+            return EXIT_PREEMPTED
+        problems = saved.problems(hashes=False)
+        if problems:
+            print(f"checkpoint {saved.path} does not verify: {'; '.join(problems[:5])}", file=sys.stderr, flush=True)
+            return 1
+        print(f"preempted: checkpoint step {self.step} ({saved.path}); the same command continues from it",
+              file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
 
     def report(self) -> str:
         """Per-agent table (start vs end held-out accuracy, rollouts, sequences) + reward and accuracy plots."""
@@ -382,11 +439,16 @@ class HacpoRun:
     def close(self, timeout_s: float = 120.0) -> None:
         """Shut every agent's group down, engines first: all groups are asked at once and share one deadline
         (the placement groups' release too, see `groups.wait_released`)."""
-        deadline = time.monotonic() + timeout_s
-        pending = {name: group.start_shutdown() for name, group in self.groups.items()}
-        for name, group in self.groups.items():
-            group.finish_shutdown(pending[name], deadline)
-        wait_released([group.release_placement() for group in self.groups.values()], deadline)
+        try:
+            deadline = time.monotonic() + timeout_s
+            pending = {name: group.start_shutdown() for name, group in self.groups.items()}
+            for name, group in self.groups.items():
+                group.finish_shutdown(pending[name], deadline)
+            wait_released([group.release_placement() for group in self.groups.values()], deadline)
+        finally:  # the directory is free once nothing of this run writes there any more
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
 
 class Terminated(KeyboardInterrupt):
@@ -436,36 +498,59 @@ def startup_checks(cfg: HacpoConfig) -> HacpoConfig:
 
 def train(cfg: HacpoConfig) -> int:
     """Entry point of `recipes/train.py`: run the configured training to the end; the exit status (0 done,
-    1 a worker failed, 2 a start-up check failed, 143 stopped by SIGTERM).
+    1 a worker failed, 2 a start-up check failed — the output directory held by another run among them —,
+    75 stopped early with a checkpoint to continue from: SIGUSR1 or the time limit, see `preemption`,
+    143 stopped by SIGTERM).
 
     On any stop the worker groups are shut down — engines first — before the process exits, so no vLLM process
     outlives the run; the message names the last complete checkpoint a rerun resumes from."""
+    in_main = threading.current_thread() is threading.main_thread()
+    preempt = StopSignal()  # SIGUSR1: installed first, so that no moment of the start-up dies of it
+    previous_usr1 = install_preempt_handler(preempt) if in_main else None
+    try:
+        return _train(cfg, preempt, in_main)
+    finally:
+        if in_main:
+            restore_preempt_handler(previous_usr1)
+
+
+def _train(cfg: HacpoConfig, preempt: StopSignal, in_main: bool) -> int:
     try:
         cfg = startup_checks(cfg)
-        run = HacpoRun(cfg)  # loads and checks the data
+        run = HacpoRun(cfg, preempt)  # loads and checks the data
     except ConfigError as err:
         print(err, file=sys.stderr)
         return 2
-    in_main = threading.current_thread() is threading.main_thread()
+    except KeyboardInterrupt:
+        if not preempt.raised:
+            raise
+        print("preempted: before the run started (nothing written)", file=sys.stderr, flush=True)
+        return EXIT_PREEMPTED
     stop_signal = _StopSignal()
     previous = signal.signal(signal.SIGTERM, stop_signal) if in_main else None
     shutdown_s = 120.0  # a normal end: the engines' own shutdown may take a while
     try:
         return run.fit()
-    except ConfigError as err:  # a start-up check: the run record, the data
+    except ConfigError as err:  # a start-up check: the run record, the data, the output directory's lock
         print(err, file=sys.stderr)
         return 2
-    except (WorkerFailure, KeyboardInterrupt) as stop:
-        if isinstance(stop, KeyboardInterrupt) and stop_signal.received is None:
+    except (WorkerFailure, LockLost, KeyboardInterrupt) as stop:
+        signalled = isinstance(stop, KeyboardInterrupt) and (stop_signal.received is not None or preempt.raised)
+        if isinstance(stop, KeyboardInterrupt) and not signalled:
             raise  # Ctrl-C: Python's own behaviour (the groups still shut down below)
         # A worker failure: the failed ranks will not answer. A signal: Slurm's KillWait (30 s by default)
         # counts from the SIGTERM, so the shutdown gets seconds, not minutes.
-        shutdown_s = 30.0 if isinstance(stop, WorkerFailure) else 15.0
+        shutdown_s = 15.0 if isinstance(stop, KeyboardInterrupt) else 30.0
         last = latest_checkpoint(run.out_dir, hashes=False, quarantine=False)  # sizes and driver state: quick
-        what = str(stop) if isinstance(stop, WorkerFailure) else f"stopped by {stop_signal.received}"
+        if signalled and stop_signal.received is None:  # SIGUSR1 while starting: nothing trained since `last`
+            print(f"{preempt.received} while the run was starting: stopping at once\npreempted: "
+                  + (f"checkpoint step {last.step} ({last.path}); the same command continues from it" if last
+                     else "no checkpoint yet (a rerun starts over)"), file=sys.stderr, flush=True)
+            return EXIT_PREEMPTED
+        what = f"stopped by {stop_signal.received}" if isinstance(stop, KeyboardInterrupt) else str(stop)
         print(f"job stopped: {what}\nlast complete checkpoint: "
               f"{last.path if last else 'none'} (a rerun with the same output_dir resumes from it)", file=sys.stderr)
-        return 1 if isinstance(stop, WorkerFailure) else 143
+        return 143 if isinstance(stop, KeyboardInterrupt) else 1
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short

@@ -14,58 +14,34 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from nemo_hacpo.config import load_config
-from nemo_hacpo.runtime.run_checkpoint import checkpoints, latest_checkpoint
+from nemo_hacpo.runtime.run_checkpoint import latest_checkpoint
+from tests.helpers.runs import COMPARED, start_driver
+from tests.helpers.runs import newest_step as _newest_step
+from tests.helpers.runs import records_by_step as _records
+from tests.helpers.runs import tiny_overrides as _overrides
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[3]
 
 
-def _overrides(out: Path, steps: int) -> list[str]:
-    return [f"runtime.output_dir={out}", f"runtime.steps={steps}", "runtime.checkpoint_interval=1",
-            "runtime.eval_interval=0", "runtime.logging=[jsonl]", "runtime.save_hf=false", "warmstart.enabled=false",
-            "algo.batch_size=2", "algo.group_size=2", "algo.updates_per_step=2", "data.eval.size=2",
-            "agents.0.max_response_length=16", "agents.1.max_response_length=16",
-            "agents.0.parallel.micro_batch_size=2", "agents.1.parallel.micro_batch_size=2", "reward.num_workers=0"]
-
-
-def _records(out: Path) -> dict[int, dict]:
-    """The last record of each step."""
-    lines = (out / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r for r in map(json.loads, lines)}
-
-
-COMPARED = ("reward_mean", "response_length_mean", "train/loss", "train/policy_loss", "train/grad_norm",
-            "train/self_ratio_mean", "capability", "eval_accuracy")
-
-
-def _newest_step(out: Path) -> int:
-    found = checkpoints(out)  # no verification: the run is writing them right now
-    return found[-1].step if found else 0
-
-
-def test_sigkill_mid_step_then_a_damaged_checkpoint_then_resume_equals_uninterrupted(tmp_path, caplog):
+def test_sigkill_mid_step_then_a_damaged_checkpoint_then_resume_equals_uninterrupted(tmp_path, caplog,
+                                                                                      uninterrupted_tiny_run):
     """Killed with SIGKILL inside step 3 (driver, Ray and every worker at once), and then the step-2 checkpoint
-    found damaged (one byte flipped inside a shard, its size unchanged): the rerun names the file, moves that
-    checkpoint aside, resumes from step 1 and computes steps 2 and 3 exactly as a run never interrupted."""
+    found damaged (one byte flipped inside a shard, its size unchanged): the rerun takes the dead driver's lock
+    over, names the file, moves that checkpoint aside, resumes from step 1 and computes steps 2 and 3 exactly as a
+    run never interrupted."""
     import ray
 
     from nemo_hacpo.runtime.loop import train
 
     killed = tmp_path / "killed"
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
-    log = tmp_path / "killed.log"  # a file, not a pipe: nobody drains a pipe while the run goes on
-    with log.open("wb") as err:
-        proc = subprocess.Popen([sys.executable, str(REPO / "recipes" / "train.py"), "--config-name", "pair_tiny_gpt",
-                                 *_overrides(killed, 3)],
-                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    log = tmp_path / "killed.log"
+    proc = start_driver(killed, 3, log)
     try:
         deadline = time.monotonic() + 600
         while _newest_step(killed) < 2:
@@ -84,20 +60,21 @@ def test_sigkill_mid_step_then_a_damaged_checkpoint_then_resume_equals_uninterru
     data[len(data) // 2] ^= 0xFF  # the same size: only the manifest's digest can tell
     shard.write_bytes(bytes(data))
 
-    reference = tmp_path / "uninterrupted"
+    assert json.loads((killed / "run.lock").read_text())["pid"] == proc.pid  # the dead driver's lock is left
     try:
-        with caplog.at_level("WARNING", logger="nemo_hacpo.runtime.run_checkpoint"):
+        with caplog.at_level("WARNING"):
             assert train(load_config("pair_tiny_gpt", _overrides(killed, 3))) == 0  # resumes from step 1
-        assert train(load_config("pair_tiny_gpt", _overrides(reference, 3))) == 0
     finally:
         ray.shutdown()
+    assert f"taking over the lock of a run that is gone (pid {proc.pid} on " in caplog.text
     assert f"agents/gpt_tiny/{shard.name}: its content does not match the manifest's" in caplog.text
     assert len(list((killed / "checkpoints").glob("step_000002.corrupt-*"))) == 1
+    assert not (killed / "run.lock").exists()  # released at the end
     # whatever the killed run logged after its checkpoint was dropped on resume: every step once, as uninterrupted
     steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [json.loads(line)["step"] for line in (reference / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(uninterrupted_tiny_run) == [0, 1, 2, 3]
     for step in (2, 3):
-        resumed, expected = _records(killed)[step], _records(reference)[step]
+        resumed, expected = _records(killed)[step], uninterrupted_tiny_run[step]
         for agent in ("llama_tiny", "gpt_tiny"):
             for key in COMPARED:  # eval_accuracy: the last step only (eval_interval=0)
                 name = f"{agent}/{key}"
@@ -189,12 +166,8 @@ def test_sigterm_stops_the_run_and_takes_the_engines_with_it(tmp_path):
     of the run outlives it (without the handler, Ray's own SIGTERM handler killed the actors at once and their
     engine processes lived on for a minute or more)."""
     out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     log = tmp_path / "run.log"
-    with log.open("wb") as err:
-        proc = subprocess.Popen([sys.executable, str(REPO / "recipes" / "train.py"), "--config-name", "pair_tiny_gpt",
-                                 *_overrides(out, 3)],
-                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    proc = start_driver(out, 3, log)
     engines: dict[int, str] = {}
     try:
         deadline = time.monotonic() + 600

@@ -99,11 +99,13 @@ class Job:
 
 
 def sbatch(env: dict[str, str], run_dir: Path, *, nodes: int, ray_cpus: int, overrides: Sequence[str],
-           config: str = "pair_tiny_gpt", wait: bool, tag: str) -> Job:
+           config: str = "pair_tiny_gpt", wait: bool, tag: str, options: Sequence[str] = ()) -> Job:
     """Submit the production script as CI runs it: `nodes` CPU nodes, `config`, outputs in `run_dir`.
 
     `ray_cpus`: Ray CPUs per node (one per agent rank: with 1, Ray places one rank per node). `tag` keeps the
-    job's output file and Ray's temp dirs apart from other submissions of the same test.
+    job's output file and Ray's temp dirs apart from other submissions of the same test. `options`: more sbatch
+    options (`--requeue`). The time limit's SIGUSR1 comes 60 s ahead of the 30 minutes (the script asks 900 s
+    ahead: a slow job on a loaded machine would save and stop at 15 minutes).
     """
     exports = {"CONFIG": config, "PYTHON": str(PYTHON), "HACPO_OUTPUT_DIR": str(run_dir),
                "RAY_PORT": str(free_port()), "RAY_NUM_CPUS": str(ray_cpus), "RAY_WAIT_S": "300",
@@ -111,7 +113,8 @@ def sbatch(env: dict[str, str], run_dir: Path, *, nodes: int, ray_cpus: int, ove
     job_out = run_dir.parent / f"job-{tag}.out"
     submit = subprocess.run(
         ["sbatch", *(["--wait"] if wait else []), "--parsable", f"--nodes={nodes}", "--gpus-per-node=0",
-         "--cpus-per-task=2", "--time=00:30:00", f"--output={job_out}", f"--chdir={REPO}",
+         "--cpus-per-task=2", "--time=00:30:00", "--signal=B:USR1@60", *options, f"--output={job_out}",
+         f"--chdir={REPO}",
          "--export=ALL," + ",".join(f"{k}={v}" for k, v in exports.items()), str(SCRIPT), *overrides],
         env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     job_id = submit.stdout.split()[0].split(";")[0] if submit.stdout.split() else ""

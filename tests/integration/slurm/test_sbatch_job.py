@@ -4,28 +4,36 @@ The production script runs unchanged except for its size: the command line overr
 lines with one CPU node, and `CONFIG=pair_tiny_gpt` with the tiny 2-step overrides of
 tests/integration/runtime/test_train_loop.py. The job starts a Ray head (no workers on one node) in an `srun`
 step, runs the driver against it, and stops Ray on exit. Checked: Slurm's record of the job (COMPLETED, exit
-0:0), the run's metrics up to step 2, the per-node logs, and that no process of the job is left. The same script
-on several (namespace) nodes, its failures and `scancel`: test_multinode.py.
+0:0), the run's metrics up to step 2, the per-node logs, and that no process of the job is left. Then the same job
+submitted with `--requeue` and sent SIGUSR1 inside training (`scancel --signal=USR1 --batch`, the way of Slurm's own
+`--signal=B:USR1@<lead>`): the job script passes it to the driver, which saves a checkpoint and exits 75; the job
+requeues itself, and its next run resumes and finishes with the uninterrupted job's metrics. The same script on
+several (namespace) nodes, its failures and `scancel`: test_multinode.py.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from tests.helpers.runs import assert_same_metrics
 from tests.integration.slurm.cluster import (
     TINY_OVERRIDES,
     final_job_fields,
     local_cluster,
+    metrics_by_step,
     sbatch,
     tail,
     wait_until_gone,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+_uninterrupted: dict[str, dict[int, dict]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +70,49 @@ def test_sbatch_runs_the_tiny_pair_for_two_steps(slurm_env, tmp_path):
 
     # clean teardown: nothing the job started (Ray, its workers, vLLM engine cores) is left on the node
     assert wait_until_gone(job_id, slurm_env["SLURM_CONF"]) == []
+    _uninterrupted["one"] = metrics_by_step(out)
+
+
+def test_sigusr1_saves_the_job_requeues_and_its_next_run_continues_as_uninterrupted(slurm_env, tmp_path):
+    if "one" not in _uninterrupted:
+        pytest.skip("needs the uninterrupted job of test_sbatch_runs_the_tiny_pair_for_two_steps")
+    out = tmp_path / "run"
+    run = sbatch(slurm_env, out, nodes=1, ray_cpus=2, overrides=TINY_OVERRIDES, wait=False, tag="usr1",
+                 options=["--requeue"])
+    assert run.submit.returncode == 0 and run.job_id.isdigit(), run.report()
+    deadline = time.monotonic() + 900
+    metrics = out / "metrics.jsonl"
+    while not (metrics.is_file() and metrics.read_text().strip()):  # the evaluation before training is logged
+        assert time.monotonic() < deadline, f"no metrics within 900 s\n{run.report()}"
+        assert final_job_fields(run.job_id, slurm_env, wait_s=0)["JobState"] in ("PENDING", "RUNNING"), run.report()
+        time.sleep(0.5)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", run.job_id], env=slurm_env, check=True)
+
+    deadline = time.monotonic() + 1500
+    released = False
+    while (job := final_job_fields(run.job_id, slurm_env, wait_s=0))["JobState"] not in (
+            "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+        assert time.monotonic() < deadline, f"the job did not end within 1500 s: {job}\n{run.report()}"
+        if job["JobState"] == "PENDING" and job.get("Restarts") == "1" and not released:
+            # requeued: Slurm holds it ~2 minutes before it may start again (measured: 140 s); the test lets it go
+            subprocess.run(["scontrol", "update", f"JobId={run.job_id}", "StartTime=now"], env=slurm_env)
+            released = True
+        time.sleep(1)
+    job = final_job_fields(run.job_id, slurm_env)
+    assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", f"{job}\n{run.report()}"
+    assert job["Restarts"] == "1", job
+
+    text = run.output.read_text()  # both runs of the job (--open-mode=append)
+    assert "[hacpo] SIGUSR1: asking the driver to save a checkpoint" in text, run.report()
+    assert "driver exited with status 75" in text and f"requeueing job {run.job_id} (run 0)" in text, run.report()
+    assert "driver exited with status 0" in text.split("driver exited with status 75", 1)[1], run.report()
+    driver = (out / "logs" / "driver.log").read_text(errors="replace")
+    assert f"time limit: the end of Slurm job {run.job_id} at " in driver  # squeue's end time, read by the driver
+    saved = re.search(r"preempted: checkpoint step (\d+) ", driver)
+    assert saved is not None, driver[-3000:]
+    step = int(saved.group(1))  # the step in progress when the signal came: 1, or 2 on a slow poll
+    assert f"(step {step})" in driver.split("resuming from ", 1)[1].splitlines()[0], driver[-3000:]
+    resumed = metrics_by_step(out)
+    assert sorted(resumed) == sorted(_uninterrupted["one"]) == [0, 1, 2]
+    assert_same_metrics(resumed, _uninterrupted["one"], steps=(1, 2))
+    assert wait_until_gone(run.job_id, slurm_env["SLURM_CONF"]) == []

@@ -148,6 +148,17 @@ def test_workers_killed_from_outside_cost_no_answer() -> None:
         assert not set(pids) & set(scorer.worker_pids)
 
 
+def test_sigusr1_leaves_the_workers_alone(scorer: MathRewardScorer) -> None:
+    """SIGUSR1 asks the driver to save and stop; Slurm forwarding it reaches the driver's children too, whose
+    default action would be to die (a worker replaced, its answer late)."""
+    pids = list(scorer.worker_pids)
+    restarts = scorer.metrics()["worker_restarts"]
+    for pid in pids:
+        os.kill(pid, signal.SIGUSR1)
+    assert _score_mixed(scorer).rewards == [case[2] for case in MIXED]
+    assert scorer.worker_pids == pids and scorer.metrics()["worker_restarts"] == restarts
+
+
 def test_an_answer_that_kills_its_worker_is_retried_once_then_scores_error() -> None:
     with MathRewardScorer(num_workers=2, timeout_s=30.0, kill_grace_s=KILL_GRACE_S,
                           _debug_markers=MARKERS) as scorer:

@@ -2,14 +2,17 @@
 
 The real job runs under a single-node Slurm in tests/integration/slurm (on the host). This checks the parts that
 need a multi-node allocation or pyxis, which no CI machine has: one Ray step per node, the driver on the head
-node, and with a container image every step in the job's one named container with the data mounted.
+node, and with a container image every step in the job's one named container with the data mounted; and the
+preemption path: SIGUSR1 ahead of the limit reaches the driver, whose early stop (75) requeues a `--requeue` job.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
@@ -21,23 +24,41 @@ with open(os.environ["SRUN_LOG"], "a") as log:
     log.write(json.dumps({"argv": sys.argv[1:], "pythonpath": os.environ.get("PYTHONPATH", "")}) + "\n")
 if any(arg.endswith("slurm/node_address.py") for arg in sys.argv):
     print("10.0.0.1")
+if os.environ.get("FAKE_DRIVER_PID") and any(arg.endswith("recipes/train.py") for arg in sys.argv):
+    import signal, time  # the driver: runs until SIGUSR1, then "saves" and exits 75 as the real one does
+    signal.signal(signal.SIGUSR1, lambda *_: sys.exit(75))
+    with open(os.environ["FAKE_DRIVER_PID"], "w") as out:
+        out.write(str(os.getpid()))
+    time.sleep(60)
+"""
+FAKE_SCONTROL = r"""#!/bin/sh
+echo "$*" >> "$SRUN_LOG.scontrol"
+case "$1 $2" in
+    "show hostnames") printf 'node1\nnode2\n' ;;
+    "show job") echo "JobId=4242 JobName=hacpo-70b-8b Requeue=${FAKE_REQUEUE:-0} Restarts=0" ;;
+esac
 """
 
 
-def _run_job(tmp_path: Path, output_dir: bool = True, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def _job_env(tmp_path: Path, output_dir: bool = True, **env: str) -> dict[str, str]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / "srun").write_text(FAKE_SRUN)
-    (bin_dir / "scontrol").write_text("#!/bin/sh\nprintf 'node1\\nnode2\\n'\n")
+    (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
     for tool in ("squeue", "scancel"):
         (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     log = tmp_path / "srun.jsonl"
-    full_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "SRUN_LOG": str(log),
-                "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_GPUS_ON_NODE": "8",
-                "SLURM_CPUS_PER_TASK": "16", "SLURM_SUBMIT_DIR": str(REPO),
-                **({"HACPO_OUTPUT_DIR": str(tmp_path / "out")} if output_dir else {}), **env}
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path), "SRUN_LOG": str(log),
+            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_GPUS_ON_NODE": "8",
+            "SLURM_CPUS_PER_TASK": "16", "SLURM_SUBMIT_DIR": str(REPO),
+            **({"HACPO_OUTPUT_DIR": str(tmp_path / "out")} if output_dir else {}), **env}
+
+
+def _run_job(tmp_path: Path, output_dir: bool = True, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    full_env = _job_env(tmp_path, output_dir, **env)
+    log = Path(full_env["SRUN_LOG"])
     done = subprocess.run(["bash", str(SCRIPT), "runtime.steps=2"], env=full_env, capture_output=True, text=True,
                           timeout=60)
     calls = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
@@ -102,3 +123,34 @@ def test_a_resubmitted_job_writes_to_the_same_output_dir_and_so_resumes(tmp_path
         driver = next(c for c in calls if any(a.endswith("recipes/train.py") for a in c["argv"]))
         dirs += [a.split("=", 1)[1] for a in driver["argv"] if a.startswith("runtime.output_dir=")]
     assert dirs == [str(checkout / "outputs" / "pair_tiny_gpt")] * 2
+
+
+def test_the_job_asks_for_sigusr1_ahead_of_its_limit_and_keeps_its_output_when_requeued():
+    lines = SCRIPT.read_text().splitlines()
+    assert "#SBATCH --signal=B:USR1@900" in lines  # the batch shell only: Ray's processes would die of it
+    assert "#SBATCH --open-mode=append" in lines  # a requeued run appends to the job's output file
+
+
+def _preempted_job(tmp_path: Path, requeue: str) -> tuple[int, str, list[str]]:
+    """Run the job script until its (fake) driver runs, send the script SIGUSR1 as Slurm does, let it end."""
+    pid_file = tmp_path / "driver.pid"
+    env = _job_env(tmp_path, FAKE_DRIVER_PID=str(pid_file), FAKE_REQUEUE=requeue)
+    job = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+        time.sleep(0.05)
+    job.send_signal(signal.SIGUSR1)
+    out, _ = job.communicate(timeout=60)
+    return job.returncode, out, Path(env["SRUN_LOG"] + ".scontrol").read_text().splitlines()
+
+
+def test_sigusr1_reaches_the_driver_and_its_early_stop_requeues_a_requeue_job(tmp_path):
+    rc, out, scontrol = _preempted_job(tmp_path / "requeue", requeue="1")
+    assert rc == 75, out
+    assert "SIGUSR1: asking the driver to save a checkpoint" in out and "driver exited with status 75" in out
+    assert "requeueing job 4242" in out and scontrol[-1] == "requeue 4242", (out, scontrol)
+
+    rc, out, scontrol = _preempted_job(tmp_path / "plain", requeue="0")  # submitted without --requeue
+    assert rc == 75 and "resubmit the same command to continue" in out, out
+    assert not any(call.startswith("requeue") for call in scontrol)

@@ -1,0 +1,74 @@
+"""Short training runs of the tiny pair (pair_tiny_gpt) for the resume, stop and lock tests: their overrides, a
+driver started as a user starts it, and the comparison of a resumed run with an uninterrupted one.
+
+    out = tmp_path / "run"
+    proc = start_driver(out, 3, tmp_path / "run.log")        # python recipes/train.py … in its own session
+    records_by_step(out)[2]["llama_tiny/reward_mean"]
+    assert_same_metrics(records_by_step(out), uninterrupted, steps=(2, 3))
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pytest
+
+from nemo_hacpo.runtime.run_checkpoint import checkpoints
+
+REPO = Path(__file__).resolve().parents[2]
+AGENTS = ("llama_tiny", "gpt_tiny")
+COMPARED = ("reward_mean", "response_length_mean", "train/loss", "train/policy_loss", "train/grad_norm",
+            "train/self_ratio_mean", "capability", "eval_accuracy")
+"""Per agent, what a resumed run must reproduce of an uninterrupted one (eval_accuracy: where both evaluated)."""
+
+
+def tiny_overrides(out: Path, steps: int, *extra: str) -> list[str]:
+    """B = 2, G = 2, 16-token responses, 2 updates, no warm start, a checkpoint every step; an `extra` override
+    replaces the default of its key (`runtime.checkpoint_interval=0`) or adds one."""
+    defaults = [f"runtime.output_dir={out}", f"runtime.steps={steps}", "runtime.checkpoint_interval=1",
+                "runtime.eval_interval=0", "runtime.logging=[jsonl]", "runtime.save_hf=false",
+                "warmstart.enabled=false", "algo.batch_size=2", "algo.group_size=2", "algo.updates_per_step=2",
+                "data.eval.size=2", "agents.0.max_response_length=16", "agents.1.max_response_length=16",
+                "agents.0.parallel.micro_batch_size=2", "agents.1.parallel.micro_batch_size=2", "reward.num_workers=0"]
+    replaced = {item.split("=", 1)[0] for item in extra}
+    return [item for item in defaults if item.split("=", 1)[0] not in replaced] + list(extra)
+
+
+def start_driver(out: Path, steps: int, log: Path, *extra: str) -> subprocess.Popen:
+    """`python recipes/train.py --config-name pair_tiny_gpt <tiny overrides>` in its own session (so that a test
+    can kill it and everything it started), stderr to `log` (a file: nobody drains a pipe while it runs)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    with log.open("wb") as err:
+        return subprocess.Popen([sys.executable, str(REPO / "recipes" / "train.py"), "--config-name", "pair_tiny_gpt",
+                                 *tiny_overrides(out, steps, *extra)],
+                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+
+
+def records_by_step(out: Path) -> dict[int, dict]:
+    """The last record of each step of `out/metrics.jsonl`."""
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r for r in map(json.loads, lines)}
+
+
+def newest_step(out: Path) -> int:
+    """The newest checkpoint's step, without verification (a run may be writing them right now); 0 for none."""
+    found = checkpoints(out)
+    return found[-1].step if found else 0
+
+
+def assert_same_metrics(resumed: dict[int, dict], expected: dict[int, dict], steps: Iterable[int],
+                        agents: Sequence[str] = AGENTS) -> None:
+    """Every `COMPARED` metric of `steps` as in the uninterrupted run (rel 1e-5): present in one exactly when
+    present in the other."""
+    for step in steps:
+        for agent in agents:
+            for key in COMPARED:
+                name = f"{agent}/{key}"
+                assert (name in resumed[step]) == (name in expected[step]), (step, name)
+                if name in expected[step]:
+                    assert resumed[step][name] == pytest.approx(expected[step][name], rel=1e-5, abs=1e-6), (step, name)
