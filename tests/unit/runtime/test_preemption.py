@@ -36,6 +36,7 @@ from nemo_hacpo.runtime.preemption import (
     slurm_end_time,
 )
 from nemo_hacpo.runtime.run_checkpoint import checkpoints, latest_checkpoint, save_run_checkpoint
+from nemo_hacpo.training.checkpoint_files import bytes_record
 
 
 # ------------------------------------------------------------------------------------------ the time limit
@@ -171,14 +172,16 @@ class _SignallingGroup:
         self.signals = signals
         self.saves = 0
 
-    def save_checkpoint(self, path, step):
+    def save_checkpoint(self, path, step, digest=None):
+        data = bytes(range(256)) * 64
         Path(path).mkdir(parents=True)
-        (Path(path) / "__0_0.distcp").write_bytes(bytes(range(256)) * 64)
+        (Path(path) / "__0_0.distcp").write_bytes(data)
         self.saves += 1
 
         def result():
             for sig in self.signals:
                 _deliver(sig)
+            return {"__0_0.distcp": bytes_record(data, digest)}  # as the writing rank records its file
 
         return SimpleNamespace(result=result)
 
