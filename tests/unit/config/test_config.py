@@ -38,8 +38,8 @@ def test_pair_tiny_composes_and_validates():
     assert cfg.algo.name == "hacpo"
     a, b = cfg.agents
     # heterogeneous in architecture, size, tokenizer and template
-    assert (a.model.tiny.num_layers, b.model.tiny.num_layers) == (4, 3)
-    assert (a.model.tiny.hidden_size, b.model.tiny.hidden_size) == (256, 128)
+    assert (a.model.tiny.num_layers, b.model.tiny.num_layers) == (4, 4)
+    assert (a.model.tiny.hidden_size, b.model.tiny.hidden_size) == (256, 192)
     assert (a.model.tiny.num_query_groups, b.model.tiny.num_query_groups) == (2, 1)
     assert (a.model.tiny.qk_layernorm, b.model.tiny.qk_layernorm) == (False, True)
     assert (a.tokenizer.source, b.tokenizer.source) == ("tiny-bpe", "tiny-words")
