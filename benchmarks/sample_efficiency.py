@@ -139,32 +139,41 @@ def band(curves: Sequence[Sequence[tuple[int, float, float]]]) -> list[tuple[flo
     return out
 
 
-def summary_rows(results: Sequence[RunResult], algos: Sequence[str]) -> list[dict[str, object]]:
-    """One row per agent × algorithm: accuracy mean/std over seeds, rollouts, updates, minutes per run."""
-    agents = list(dict.fromkeys(a for r in results for a in r.agents))
-    rows = []
-    for agent in agents:
+def agent_names(results: Sequence[RunResult]) -> list[str]:
+    """Every agent of the runs, in first-seen order."""
+    return list(dict.fromkeys(a for r in results for a in r.agents))
+
+
+def runs_by_agent_algo(results: Sequence[RunResult], algos: Sequence[str]):
+    """`(agent, algo, runs)` for every agent × algorithm with at least one run."""
+    for agent in agent_names(results):
         for algo in algos:
             runs = [r for r in results if r.algo == algo and agent in r.agents]
-            if not runs:
-                continue
-            outcomes = [r.agents[agent] for r in runs]
-            start = mean_std([o.start_accuracy for o in outcomes])
-            final = mean_std([o.final_accuracy for o in outcomes])
-            gain = mean_std([o.final_accuracy - o.start_accuracy for o in outcomes])
-            rows.append({"agent": agent, "algo": algo, "seeds": len(runs),
-                         "start_mean": start[0], "start_std": start[1], "final_mean": final[0], "final_std": final[1],
-                         "gain_mean": gain[0], "gain_std": gain[1],
-                         "rollouts_generated": mean_std([o.rollouts_generated for o in outcomes])[0],
-                         "sequences_trained": mean_std([o.sequences_trained for o in outcomes])[0],
-                         "optimizer_updates": mean_std([r.steps * r.updates_per_step for r in runs])[0],
-                         "minutes_per_run": mean_std([r.wall_s / 60 for r in runs])[0]})
+            if runs:
+                yield agent, algo, runs
+
+
+def summary_rows(results: Sequence[RunResult], algos: Sequence[str]) -> list[dict[str, object]]:
+    """One row per agent × algorithm: accuracy mean/std over seeds, rollouts, updates, minutes per run."""
+    rows = []
+    for agent, algo, runs in runs_by_agent_algo(results, algos):
+        outcomes = [r.agents[agent] for r in runs]
+        start = mean_std([o.start_accuracy for o in outcomes])
+        final = mean_std([o.final_accuracy for o in outcomes])
+        gain = mean_std([o.final_accuracy - o.start_accuracy for o in outcomes])
+        rows.append({"agent": agent, "algo": algo, "seeds": len(runs),
+                     "start_mean": start[0], "start_std": start[1], "final_mean": final[0], "final_std": final[1],
+                     "gain_mean": gain[0], "gain_std": gain[1],
+                     "rollouts_generated": mean_std([o.rollouts_generated for o in outcomes])[0],
+                     "sequences_trained": mean_std([o.sequences_trained for o in outcomes])[0],
+                     "optimizer_updates": mean_std([r.steps * r.updates_per_step for r in runs])[0],
+                     "minutes_per_run": mean_std([r.wall_s / 60 for r in runs])[0]})
     return rows
 
 
 def paired_rows(results: Sequence[RunResult], pairs: Sequence[tuple[str, str]]) -> list[dict[str, object]]:
     """Per agent and pair (a, b): the paired final-accuracy difference a − b over seeds."""
-    agents = list(dict.fromkeys(a for r in results for a in r.agents))
+    agents = agent_names(results)
     rows = []
     for agent in agents:
         for a, b in pairs:
@@ -188,18 +197,13 @@ def threshold_rows(results: Sequence[RunResult], algos: Sequence[str], threshold
     """Per agent × algorithm: how many seeds reach `threshold` held-out accuracy, and the steps and rollouts the
     agent generated until the first evaluation that does (mean ± std over the seeds that reach it; a seed that never
     does is counted apart, not averaged in)."""
-    agents = list(dict.fromkeys(a for r in results for a in r.agents))
     rows = []
-    for agent in agents:
-        for algo in algos:
-            runs = [r for r in results if r.algo == algo and agent in r.agents]
-            if not runs:
-                continue
-            reached = [hit for hit in (first_reaching(r.agents[agent].curve, threshold) for r in runs) if hit]
-            steps, rollouts = mean_std([s for s, _ in reached]), mean_std([x for _, x in reached])
-            rows.append({"agent": agent, "algo": algo, "threshold": threshold, "seeds": len(runs),
-                         "reached": len(reached), "steps_mean": steps[0], "steps_std": steps[1],
-                         "rollouts_mean": rollouts[0], "rollouts_std": rollouts[1]})
+    for agent, algo, runs in runs_by_agent_algo(results, algos):
+        reached = [hit for hit in (first_reaching(r.agents[agent].curve, threshold) for r in runs) if hit]
+        steps, rollouts = mean_std([s for s, _ in reached]), mean_std([x for _, x in reached])
+        rows.append({"agent": agent, "algo": algo, "threshold": threshold, "seeds": len(runs),
+                     "reached": len(reached), "steps_mean": steps[0], "steps_std": steps[1],
+                     "rollouts_mean": rollouts[0], "rollouts_std": rollouts[1]})
     return rows
 
 
@@ -209,7 +213,7 @@ def pooled_mcnemar_rows(results: Sequence[RunResult], pairs: Sequence[tuple[str,
     together (`a_only`: right under a only). Seeds or problems without outcomes on both sides are left out."""
     from nemo_hacpo.eval.paired import mcnemar_exact
 
-    agents = list(dict.fromkeys(a for r in results for a in r.agents))
+    agents = agent_names(results)
     rows = []
     for agent in agents:
         for a, b in pairs:
@@ -475,7 +479,7 @@ def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path,
     summary = summary_rows(results, algos)
     pairs = [p for p in PAIRED if p[0] in algos and p[1] in algos]
     paired = paired_rows(results, pairs)
-    agents = list(dict.fromkeys(a for r in results for a in r.agents))
+    agents = agent_names(results)
     bands = {agent: {algo: band([r.agents[agent].curve for r in results if r.algo == algo and agent in r.agents])
                      for algo in algos} for agent in agents}
     setup = setup_rows(runs)
