@@ -11,6 +11,7 @@ The CUDA twin (CUDA IPC handles instead of shared-memory files) is tests/gpu/tes
 from __future__ import annotations
 
 import glob
+import os
 
 import pytest
 
@@ -77,8 +78,8 @@ def staged_refit(run_dir: str, port: int) -> dict | None:
     staged_peak = strategy.buffer.peak_bytes
     rank.shutdown()
     if rank_id != 0:
-        return {"rank": 1, "groups": groups, "peak": staged_peak}
-    return {"rank": 0, "groups": groups, "stats": stats, "plan": plan, "deliveries": deliveries, "peak": staged_peak,
+        return {"rank": 1, "groups": groups, "peak": staged_peak, "pid": os.getpid()}
+    return {"rank": 0, "pid": os.getpid(), "groups": groups, "stats": stats, "plan": plan, "deliveries": deliveries, "peak": staged_peak,
             "trainer_before": trainer_before, "vllm_before": vllm_before, "trainer_after": trainer_after,
             "vllm_after": vllm_after}
 
@@ -106,4 +107,6 @@ def test_staged_refit_into_a_tp2_engine_over_the_engines_own_group(tmp_path):
     assert _mean_abs(first["trainer_before"], first["vllm_before"]) < 1e-3
     assert _mean_abs(first["trainer_after"], first["vllm_after"]) < 1e-3  # the refit is exact (fp32)
     assert _mean_abs(first["vllm_before"], first["vllm_after"]) > 1e-3  # and it moved the engine
-    assert not glob.glob("/dev/shm/nemo_hacpo_refit_*")
+    # neither rank left a staging file behind (the name carries the writer's pid: a file another, killed process
+    # left in /dev/shm is not this refit's)
+    assert not [f for r in (first, second) for f in glob.glob(f"/dev/shm/nemo_hacpo_refit_*_{r['pid']}_*")]

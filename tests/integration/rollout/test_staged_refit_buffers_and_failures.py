@@ -14,6 +14,7 @@ the engine's own process group and a small real engine that reads the buffers as
 from __future__ import annotations
 
 import glob
+import os
 
 import pytest
 
@@ -61,7 +62,7 @@ def staged(what: str) -> dict:
         stats, error = None, (type(err).__name__, str(err), isinstance(err, PeerFailure))
     seconds = time.monotonic() - start
     dist.barrier()  # the export was drained on both ranks: this collective is not stuck behind it
-    out = {"error": error, "seconds": seconds, "yielded": yielded, "allocations": strategy.buffer.allocations,
+    out = {"pid": os.getpid(), "error": error, "seconds": seconds, "yielded": yielded, "allocations": strategy.buffer.allocations,
            "deliveries": [(d.tensors, d.nbytes, d.buffer) for d in strategy.deliveries]}
     if engine is not None and error is None:
         out["stats"] = (stats.tensors, stats.bytes)
@@ -69,6 +70,12 @@ def staged(what: str) -> dict:
                            for w in range(2) for name, shape in SHAPES.items())
     strategy.close()
     return out
+
+
+def _left_behind(what: str, *results: dict) -> list[str]:
+    """Staging files these ranks left in /dev/shm (named with the writer's pid: a killed earlier run's are not)."""
+    tag = f"test_{what.replace(' ', '_')}"
+    return [f for r in results for f in glob.glob(f"/dev/shm/nemo_hacpo_refit_{tag}_{r['pid']}_*")]
 
 
 def test_a_tensor_over_the_bound_travels_alone_in_a_buffer_freed_after_it():
@@ -83,7 +90,7 @@ def test_a_tensor_over_the_bound_travels_alone_in_a_buffer_freed_after_it():
         (1, 6 * MIB, 6 * MIB), (2, 3 * MIB, 4 * MIB), (2, 1.5 * MIB + 16, 4 * MIB), (1, 6 * MIB, 6 * MIB)]
     # both ranks: the embedding's buffer, then the bound-sized one (reused for two buckets), then the head's
     assert first["allocations"] == second["allocations"] == [6 * MIB, 4 * MIB, 6 * MIB]
-    assert not glob.glob("/dev/shm/nemo_hacpo_refit_test_ok_*")
+    assert not _left_behind("ok", first, second)
 
 
 @pytest.mark.parametrize("what", ["load fails", "staging fails"])
@@ -100,4 +107,4 @@ def test_a_failure_on_one_rank_stops_every_rank_of_the_group_within_seconds(what
     for result in (first, second):
         assert result["seconds"] < FAILURE_BOUND_S
         assert result["yielded"] == list(SHAPES)  # the collective export was drained by both
-    assert not glob.glob(f"/dev/shm/nemo_hacpo_refit_test_{what.replace(' ', '_')}_*")
+    assert not _left_behind(what, first, second)
