@@ -71,10 +71,11 @@ from nemo_hacpo.rollout.weight_wire import DEFAULT_CHUNK_BYTES, encode_chunk, it
 logger = logging.getLogger(__name__)
 
 SLEEP_TAGS = ("weights", "kv_cache")
-ENGINE_EXIT_TIMEOUT_S = 60.0
-"""How long `shutdown` lets vLLM's EngineCore tear down and exit by itself before vLLM force-kills it. vLLM's
-default (5 s) is shorter than its own teardown on a busy 2-core machine (the worker's exit alone took 3–6 s there,
-mostly garbage collection), and a killed EngineCore never unlinks its 160 MiB message queue in /dev/shm."""
+ENGINE_EXIT_TIMEOUT_S = 5.0
+"""How long `shutdown` lets vLLM's EngineCore tear down and exit by itself before vLLM force-kills it (vLLM's own
+default). Its full teardown takes longer on a busy 2-core machine (5–8 s idle, 15–32 s under load, mostly garbage
+collection at exit) — too long for a stop inside Slurm's KillWait (README, reliability) — so a killed EngineCore's
+/dev/shm files are unlinked afterwards (`engine_processes.unlink_orphans`)."""
 
 
 class RolloutEngine:
@@ -358,9 +359,9 @@ class RolloutEngine:
     def shutdown(self) -> None:
         """Stop the engine's processes and leave none of their shared memory behind (idempotent).
 
-        The EngineCore gets `ENGINE_EXIT_TIMEOUT_S` to exit by itself, which unlinks its /dev/shm files; should
-        it still be killed (or have died earlier), the vLLM files its processes mapped are unlinked here once they
-        are all gone (`engine_processes.unlink_orphans`)."""
+        The EngineCore gets `ENGINE_EXIT_TIMEOUT_S` to exit by itself, which unlinks its /dev/shm files; when it is
+        killed instead (or died earlier), the vLLM files its processes mapped are unlinked here once they are all
+        gone (`engine_processes.unlink_orphans`)."""
         llm, self._llm = getattr(self, "_llm", None), None
         shutil.rmtree(getattr(self, "_scratch_dir", ""), ignore_errors=True)
         if llm is None:

@@ -8,7 +8,7 @@ communicator's `vllm_dist_*-cpushm_*` buffers. Each is unlinked by the process t
 teardown (`ShmRingBuffer.__del__`, `SemLock` finalizers); a process killed before that leaves the file in
 /dev/shm until the parent's multiprocessing resource tracker exits (or for good, if the tracker is killed too).
 
-`RolloutEngine.shutdown` therefore gives the EngineCore time to exit by itself, and as a last resort
+`RolloutEngine.shutdown` therefore lets the EngineCore exit by itself if it does so within vLLM's grace, and then
 `unlink_orphans` removes the files that were mapped by the engine's own processes — recorded from
 `/proc/<pid>/maps` while they ran — once those processes are gone and no live process maps the file.
 """

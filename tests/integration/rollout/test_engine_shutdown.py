@@ -3,7 +3,7 @@
 vLLM's engine (EngineCore + one Worker process, also at TP=1) keeps its message queues in /dev/shm (`psm_*`,
 160–240 MiB each). Each is unlinked by the process that created it during its own teardown, so a process
 killed before that leaves the file behind — which vLLM's default 5 s grace did on the busy 2-core machine.
-`clean`: the engine's normal shutdown (the EngineCore exits by itself). `killed`: vLLM is given no grace at all,
+`clean`: the engine's normal shutdown (vLLM's 5 s grace: the EngineCore exits by itself or is killed). `killed`: vLLM is given no grace at all,
 so it force-kills the EngineCore and the worker right away (a slow machine, or a hung teardown), and the files
 must still be gone. The check is restricted to files the engine's own processes mapped, read from
 /proc/<pid>/maps while they ran; other files in /dev/shm (other tests, other runs) do not matter.

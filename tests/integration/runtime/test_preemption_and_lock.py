@@ -43,8 +43,8 @@ def _save_calls(monkeypatch, during=None) -> list[int]:
     saves: list[int] = []
     original = AgentGroup.save_checkpoint
 
-    def save_checkpoint(self, directory, step):
-        pending = original(self, directory, step)
+    def save_checkpoint(self, directory, step, **kwargs):
+        pending = original(self, directory, step, **kwargs)
         saves.append(step)
         if during is not None:
             during(step)
