@@ -41,6 +41,7 @@ import torch
 
 from nemo_hacpo.config import AgentConfig
 from nemo_hacpo.models.chat import Message, render_prompt_ids
+from nemo_hacpo.rollout.engine_processes import engine_pids, engine_shm_files, unlink_orphans, wait_gone
 from nemo_hacpo.rollout.outputs import (
     GenerationResult,
     RefitStats,
@@ -70,6 +71,11 @@ from nemo_hacpo.rollout.weight_wire import DEFAULT_CHUNK_BYTES, encode_chunk, it
 logger = logging.getLogger(__name__)
 
 SLEEP_TAGS = ("weights", "kv_cache")
+ENGINE_EXIT_TIMEOUT_S = 5.0
+"""How long `shutdown` lets vLLM's EngineCore tear down and exit by itself before vLLM force-kills it (vLLM's own
+default). Its full teardown takes longer on a busy 2-core machine (5–8 s idle, 15–32 s under load, mostly garbage
+collection at exit) — too long for a stop inside Slurm's KillWait (README, reliability) — so a killed EngineCore's
+/dev/shm files are unlinked afterwards (`engine_processes.unlink_orphans`)."""
 
 
 class RolloutEngine:
@@ -105,6 +111,8 @@ class RolloutEngine:
             shutil.rmtree(self._scratch_dir, ignore_errors=True)
             raise
         self._stats["startup_s"] = time.perf_counter() - start
+        self._engine_pids = engine_pids(self._llm)
+        self._engine_shm = engine_shm_files(self._engine_pids)
         logger.info("rollout engine %s started in %.1f s (device %s, tp %d, dtype %s, max_model_len %d)",
                     settings.agent_name, self._stats["startup_s"], settings.device, settings.tensor_parallel_size,
                     settings.dtype, settings.max_model_len)
@@ -132,7 +140,8 @@ class RolloutEngine:
 
     @property
     def stats(self) -> dict[str, float]:
-        """startup_s, generate_calls, last_generate_s, last_tokens_per_s, refits, last_refit_s, last_refit_bytes."""
+        """startup_s, generate_calls, last_generate_s, last_tokens_per_s, refits, last_refit_s, last_refit_bytes,
+        shutdown_s (once shut down)."""
         return dict(self._stats)
 
     @property
@@ -348,15 +357,28 @@ class RolloutEngine:
 
     # ---------------------------------------------------------------------------------------------- close
     def shutdown(self) -> None:
-        """Stop the engine's processes (idempotent)."""
+        """Stop the engine's processes and leave none of their shared memory behind (idempotent).
+
+        The EngineCore gets `ENGINE_EXIT_TIMEOUT_S` to exit by itself, which unlinks its /dev/shm files; when it is
+        killed instead (or died earlier), the vLLM files its processes mapped are unlinked here once they are all
+        gone (`engine_processes.unlink_orphans`)."""
         llm, self._llm = getattr(self, "_llm", None), None
         shutil.rmtree(getattr(self, "_scratch_dir", ""), ignore_errors=True)
         if llm is None:
             return
+        pids = sorted(set(getattr(self, "_engine_pids", ())) | set(engine_pids(llm)))
+        shm = set(getattr(self, "_engine_shm", ())) | engine_shm_files(pids)
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        start = time.perf_counter()
         if core is not None:
-            core.shutdown()
-        del llm
+            core.shutdown(timeout=ENGINE_EXIT_TIMEOUT_S)
+        del llm, core
+        wait_gone(pids, timeout=10.0)  # the workers: gone already unless the EngineCore was killed
+        removed = unlink_orphans(shm, pids)
+        self._stats["shutdown_s"] = time.perf_counter() - start
+        if removed:
+            logger.warning("rollout engine %s: unlinked %d shared-memory file(s) its processes left in /dev/shm: %s",
+                           self.settings.agent_name, len(removed), removed)
 
     def __enter__(self) -> RolloutEngine:
         return self

@@ -1,0 +1,45 @@
+"""Shutting a rollout engine down leaves none of its processes' shared memory in /dev/shm.
+
+vLLM's engine (EngineCore + one Worker process, also at TP=1) keeps its message queues in /dev/shm (`psm_*`,
+160–240 MiB each). Each is unlinked by the process that created it during its own teardown, so a process
+killed before that leaves the file behind — which vLLM's default 5 s grace did on the busy 2-core machine.
+`clean`: the engine's normal shutdown (vLLM's 5 s grace: the EngineCore exits by itself or is killed). `killed`: vLLM is given no grace at all,
+so it force-kills the EngineCore and the worker right away (a slow machine, or a hung teardown), and the files
+must still be gone. The check is restricted to files the engine's own processes mapped, read from
+/proc/<pid>/maps while they ran; other files in /dev/shm (other tests, other runs) do not matter.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import nemo_hacpo.rollout.engine as engine_module
+from nemo_hacpo.config import load_config
+from nemo_hacpo.models.tokenizers import load_tokenizer
+from nemo_hacpo.rollout import RolloutEngine
+from nemo_hacpo.rollout.engine_processes import SHM_DIR, engine_pids, engine_shm_files, wait_gone
+from tests.helpers import hf_models as tiny
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("grace", ["clean", "killed"])
+def test_shutdown_leaves_no_shared_memory_of_the_engine(grace, tmp_path, monkeypatch):
+    agent = {a.name: a for a in load_config("pair_tiny_gpt").agents}["gpt_tiny"]
+    tokenizer = load_tokenizer(agent.tokenizer.source)
+    model = tiny.hf_model_from_spec(agent.model.tiny, tokenizer, seed=0, config_eos_token_id=tokenizer.pad_token_id)
+    engine = RolloutEngine.from_agent(agent, tiny.save_checkpoint(model, tokenizer, tmp_path), device="cpu",
+                                      default_seed=0)
+    try:
+        engine.generate([[{"role": "user", "content": "1 + 1 = ?"}]], n=2, max_tokens=4)
+        pids = engine_pids(engine.llm)
+        files = engine_shm_files(pids)
+        assert len(pids) >= 2, "expected an EngineCore and a Worker process"
+        assert any(name.startswith("psm_") for name in files), f"no message queue found in /dev/shm: {files}"
+        if grace == "killed":
+            monkeypatch.setattr(engine_module, "ENGINE_EXIT_TIMEOUT_S", 0.0)
+    finally:
+        engine.shutdown()
+
+    assert wait_gone(pids, timeout=0) == []
+    assert [name for name in sorted(files) if (SHM_DIR / name).exists()] == []

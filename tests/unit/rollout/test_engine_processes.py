@@ -1,0 +1,104 @@
+"""Finding the /dev/shm files an engine's processes map, and unlinking only those nobody can still be using.
+
+The files here are plain files in /dev/shm named like vLLM's (`vllm_…`), created and mapped by this test itself
+or by a child process it starts, so the rules are checked without starting vLLM."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_hacpo.rollout.engine_processes import (
+    SHM_DIR,
+    engine_pids,
+    engine_shm_files,
+    mapped_shm_files,
+    unlink_orphans,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir() or not Path("/proc/self/maps").exists(),
+                                reason="needs Linux /dev/shm and /proc")
+
+MAPPER = """
+import mmap, sys, time
+with open(sys.argv[1], "r+b") as f:
+    m = mmap.mmap(f.fileno(), 4096)
+print("mapped", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def shm_file():
+    path = SHM_DIR / f"vllm_test_{os.getpid()}_{secrets.token_hex(4)}"
+    path.write_bytes(b"\0" * 4096)
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def _mapper(path: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", MAPPER, str(path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "mapped"
+    return proc
+
+
+def test_the_files_a_process_maps_are_found_by_name_and_unlinked_ones_are_not(shm_file):
+    with open(shm_file, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+        assert shm_file.name in mapped_shm_files([os.getpid()])
+        assert shm_file.name in engine_shm_files([os.getpid()])
+        shm_file.unlink()
+        assert shm_file.name not in mapped_shm_files([os.getpid()])  # "(deleted)": no longer a file in /dev/shm
+
+
+def test_only_vllm_named_files_count_as_the_engines():
+    path = SHM_DIR / f"nemo_hacpo_refit_test_{os.getpid()}_{secrets.token_hex(4)}"  # a trainer's staging buffer
+    path.write_bytes(b"\0" * 4096)
+    try:
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+            assert path.name in mapped_shm_files([os.getpid()])
+            assert path.name not in engine_shm_files([os.getpid()])
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_a_file_left_by_exited_engine_processes_is_unlinked(shm_file):
+    proc = _mapper(shm_file)
+    recorded = engine_shm_files([proc.pid])
+    assert shm_file.name in recorded
+    proc.kill()
+    proc.wait()
+    assert wait_gone([proc.pid], timeout=5) == []
+    assert unlink_orphans(recorded, [proc.pid]) == [shm_file.name]
+    assert not shm_file.exists()
+
+
+def test_nothing_is_unlinked_while_an_engine_process_lives(shm_file):
+    proc = _mapper(shm_file)
+    try:
+        assert unlink_orphans({shm_file.name}, [proc.pid]) == []
+        assert shm_file.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_file_another_live_process_maps_is_left_alone(shm_file):
+    other = _mapper(shm_file)  # not one of the engine's processes, but it still uses the file
+    try:
+        assert unlink_orphans({shm_file.name}, []) == []
+        assert shm_file.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_files_already_gone_and_engines_without_processes_are_fine():
+    assert unlink_orphans({f"vllm_missing_{secrets.token_hex(4)}"}, []) == []
+    assert engine_pids(object()) == []
