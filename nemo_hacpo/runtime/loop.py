@@ -425,7 +425,7 @@ class HacpoRun:
                          title=f"{name}: training reward", ylabel="mean reward")
             write_curves(metrics_file, self.out_dir / "eval_accuracy.png", ["*/eval_accuracy", "*/eval/avg@*"],
                          dashed=["*/eval/avg@*"], ylabel="accuracy",
-                         title=f"{name}: held-out accuracy (greedy; dashed: avg@n at the sampling temperature)")
+                         title=f"{name}: held-out accuracy (solid: greedy; dashed: avg@n, sampled)")
             write_curves(metrics_file, self.out_dir / "response_length.png", ["*/response_length_mean"],
                          smooth=REWARD_SMOOTHING, title=f"{name}: mean response length (training samples)",
                          ylabel="tokens")
