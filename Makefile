@@ -12,12 +12,16 @@ train: setup
 	$(PY) recipes/train.py $(ARGS)
 
 # The suite CI runs (.ci/run): everything that runs on a 2-core CPU machine; GPU tests skip without CUDA.
+# Two pytest-xdist workers, a module (or a UNITS entry of tests/conftest.py) per unit of work, the heaviest first;
+# TEST_WORKERS=0 runs it in one process. ARGS="--shuffle=7" runs it in another order.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 test: setup
-	$(PY) -m pytest -q $(ARGS)
+	$(PY) -m pytest -q $(XDIST) $(ARGS)
 
 # The quick loop while developing: skips tests marked slow.
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -m "not slow" $(XDIST) $(ARGS)
 
 lint: setup
 	$(PY) -m ruff check nemo_hacpo recipes tests benchmarks

@@ -1,4 +1,16 @@
-"""Suite-wide settings: offline hubs, quiet tokenizers, and the `gpu` marker's skip without CUDA."""
+"""Suite-wide settings: offline hubs, quiet tokenizers, the `gpu` marker's skip without CUDA, and how the tests
+are shared out and ordered.
+
+Sharing. `make test` runs the suite on two pytest-xdist workers with `--dist loadgroup`; the scheduler below
+(`pytest_xdist_make_scheduler`) makes a unit of work of each entry of `UNITS` — the Slurm tests (one local
+cluster at a time), the modules whose tests read the session's uninterrupted run (made once) — and of every other
+module (its module- and class-scoped fixtures, engines and live runs, start once). A unit runs whole on one
+worker. (xdist's own `xdist_group` mark does not group under pytest 9, whose node ids it can no longer rewrite.)
+
+Order. The units are handed out heaviest first (the `UNITS`, then the modules with tests marked `slow`), so that
+the last one to finish is short. `--shuffle=<seed>` first shuffles the modules and the tests inside each module:
+the suite must pass in any order (the README's second test command).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +24,64 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shuffle", type=int, default=None, metavar="SEED",
+                     help="run the modules, and the tests inside each module, in an order shuffled with SEED")
+
+
+UNITS = {
+    "tests/integration/slurm/": "slurm",
+    "tests/integration/runtime/test_train_loop.py": "uninterrupted",
+    "tests/integration/runtime/test_preemption_and_lock.py": "uninterrupted",
+    "tests/integration/runtime/test_resume_and_failures.py": "uninterrupted",
+}
+"""Path prefix → unit of work for the tests that must share one worker; in this order, the first handed out."""
+UNINTERRUPTED_FIXTURES = ("uninterrupted_tiny_dir", "uninterrupted_tiny_run")
+
+
+def unit_of_work(nodeid: str) -> str:
+    """The unit of work of a test: its `UNITS` entry, else its module."""
+    for prefix, unit in UNITS.items():
+        if nodeid.startswith(prefix):
+            return unit
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of_work(nodeid)
+
+    return ByUnit(config, log) if config.getvalue("dist") == "loadgroup" else None
+
+
 def pytest_collection_modifyitems(config, items):
+    seed = config.getoption("--shuffle")
+    if seed is not None:
+        import random
+
+        rng = random.Random(seed)
+        modules: dict[str, list] = {}
+        for item in items:
+            modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+        order = list(modules)
+        rng.shuffle(order)
+        for name in order:
+            rng.shuffle(modules[name])
+        items[:] = [item for name in order for item in modules[name]]
+    first = list(dict.fromkeys(UNITS.values()))
+    rank: dict[str, int] = {}
+    for item in items:
+        unit = unit_of_work(item.nodeid)
+        if unit != "uninterrupted" and set(UNINTERRUPTED_FIXTURES) & set(getattr(item, "fixturenames", ())):
+            raise pytest.UsageError(f"{item.nodeid} reads the session's uninterrupted run: add its module to UNITS "
+                                    f"(tests/conftest.py) as 'uninterrupted', or a second worker makes that run again")
+        own = first.index(unit) if unit in first else len(first) + ("slow" not in item.keywords)
+        rank[unit] = min(rank.get(unit, own), own)
+    items.sort(key=lambda item: rank[unit_of_work(item.nodeid)])  # stable: the order inside a rank is kept
+
     import torch
 
     if torch.cuda.is_available():

@@ -72,3 +72,19 @@ def assert_same_metrics(resumed: dict[int, dict], expected: dict[int, dict], ste
                 assert (name in resumed[step]) == (name in expected[step]), (step, name)
                 if name in expected[step]:
                     assert resumed[step][name] == pytest.approx(expected[step][name], rel=1e-5, abs=1e-6), (step, name)
+
+
+def assert_prompts_as_drawn(out: Path, steps: Iterable[int], config: str = "pair_tiny_gpt") -> None:
+    """Each step's rollouts (`out/rollouts/step_<n>.jsonl`) are of the prompts an uninterrupted run draws at that
+    step (B = 2 per step, the data's shuffle seed): a resumed run picks the data order up where it stopped."""
+    from nemo_hacpo.broker import read_jsonl
+    from nemo_hacpo.config import load_config
+    from nemo_hacpo.data import PromptDataset
+    from nemo_hacpo.data.splits import load_split
+
+    cfg = load_config(config, tiny_overrides(out, max(steps)))
+    dataset = PromptDataset(load_split(cfg.data.train, "train"), seed=cfg.data.shuffle_seed)
+    drawn = [[p.id for p in dataset.next_batch(cfg.algo.batch_size)] for _ in range(max(steps))]
+    for step in steps:
+        ids = {t.prompt_id for t in read_jsonl(out / "rollouts" / f"step_{step:06d}.jsonl")}
+        assert ids == set(drawn[step - 1]), step

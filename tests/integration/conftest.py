@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,9 +19,11 @@ def megatron_world_size_1() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def uninterrupted_tiny_run(tmp_path_factory) -> dict[int, dict]:
-    """Every step's metrics of one uninterrupted 3-step run of pair_tiny_gpt (`tests.helpers.runs.tiny_overrides`),
-    made once per session for every test that compares a resumed or stopped run with it."""
+def uninterrupted_tiny_dir(tmp_path_factory) -> Path:
+    """The output directory of one uninterrupted 3-step run of pair_tiny_gpt (`tests.helpers.runs.tiny_overrides`,
+    with its final HF export), made once per session: tests/integration/runtime/test_train_loop.py checks what it
+    wrote, and every test that compares a resumed or stopped run reads its metrics (`uninterrupted_tiny_run`).
+    Their modules are one unit of work (`UNITS` in tests/conftest.py), so that a parallel run makes it once."""
     import ray
 
     from nemo_hacpo.config import load_config
@@ -28,7 +31,13 @@ def uninterrupted_tiny_run(tmp_path_factory) -> dict[int, dict]:
 
     out = tmp_path_factory.mktemp("uninterrupted") / "run"
     try:
-        assert train(load_config("pair_tiny_gpt", tiny_overrides(out, 3))) == 0
+        assert train(load_config("pair_tiny_gpt", tiny_overrides(out, 3, "runtime.save_hf=true"))) == 0
     finally:
         ray.shutdown()
-    return records_by_step(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_tiny_run(uninterrupted_tiny_dir) -> dict[int, dict]:
+    """Every step's metrics of the session's uninterrupted run (`uninterrupted_tiny_dir`)."""
+    return records_by_step(uninterrupted_tiny_dir)

@@ -15,6 +15,7 @@ lock taken over in test_resume_and_failures.py, the Slurm path in tests/integrat
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -27,7 +28,13 @@ import pytest
 from nemo_hacpo.config import load_config
 from nemo_hacpo.runtime.preemption import EXIT_PREEMPTED
 from nemo_hacpo.runtime.run_checkpoint import checkpoints, latest_checkpoint
-from tests.helpers.runs import REPO, assert_same_metrics, records_by_step, tiny_overrides
+from tests.helpers.runs import (
+    REPO,
+    assert_prompts_as_drawn,
+    assert_same_metrics,
+    records_by_step,
+    tiny_overrides,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -107,6 +114,10 @@ def test_sigusr1_inside_step_2_then_a_rerun_continues_as_uninterrupted_and_a_sec
     resumed = records_by_step(out)
     assert sorted(resumed) == sorted(uninterrupted_tiny_run) == [0, 1, 2, 3]
     assert_same_metrics(resumed, uninterrupted_tiny_run, steps=(1, 2, 3))  # 1, 2: the first run's, untouched
+    # one record per step: the rerun did not evaluate again at the step it resumed from; and it drew step 3's
+    # prompts where the data order had stopped
+    assert [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [0, 1, 2, 3]
+    assert_prompts_as_drawn(out, steps=(1, 2, 3))
 
 
 def test_sigusr1_during_an_evaluation_finishes_it_the_step_and_its_checkpoint(tmp_path, monkeypatch, capfd):

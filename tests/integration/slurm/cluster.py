@@ -34,6 +34,8 @@ TINY_OVERRIDES = (  # as in tests/integration/runtime/test_train_loop.py::_confi
     "agents.0.parallel.micro_batch_size=2", "agents.1.parallel.micro_batch_size=2",
     "data.eval.size=4", "reward.num_workers=0",
 )
+UNFINISHED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
+"""Job states `scontrol show job` reports before the job is over."""
 NAMESPACE_PREFIX = "hacpo-n"
 """scripts/slurm_local.sh: node k of a multi-node cluster is network namespace hacpo-n<k>, address 10.77.0.<k>."""
 
@@ -104,7 +106,7 @@ def sbatch(env: dict[str, str], run_dir: Path, *, nodes: int, ray_cpus: int, ove
 
     `ray_cpus`: Ray CPUs per node (one per agent rank: with 1, Ray places one rank per node). `tag` keeps the
     job's output file and Ray's temp dirs apart from other submissions of the same test. `options`: more sbatch
-    options (`--requeue`). The time limit's SIGUSR1 comes 60 s ahead of the 30 minutes (the script asks 900 s
+    options (`--requeue`). `wait`: return once the job has ended (`wait_for_job`). The time limit's SIGUSR1 comes 60 s ahead of the 30 minutes (the script asks 900 s
     ahead: a slow job on a loaded machine would save and stop at 15 minutes).
     """
     exports = {"CONFIG": config, "PYTHON": str(PYTHON), "HACPO_OUTPUT_DIR": str(run_dir),
@@ -112,13 +114,26 @@ def sbatch(env: dict[str, str], run_dir: Path, *, nodes: int, ray_cpus: int, ove
                "RAY_TEMP_DIR": f"/tmp/rh-{tag}-{os.getpid() % 10000}"}  # short: Ray's socket paths
     job_out = run_dir.parent / f"job-{tag}.out"
     submit = subprocess.run(
-        ["sbatch", *(["--wait"] if wait else []), "--parsable", f"--nodes={nodes}", "--gpus-per-node=0",
+        ["sbatch", "--parsable", f"--nodes={nodes}", "--gpus-per-node=0",
          "--cpus-per-task=2", "--time=00:30:00", "--signal=B:USR1@60", *options, f"--output={job_out}",
          f"--chdir={REPO}",
          "--export=ALL," + ",".join(f"{k}={v}" for k, v in exports.items()), str(SCRIPT), *overrides],
-        env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+        env=env, capture_output=True, text=True, timeout=60)
     job_id = submit.stdout.split()[0].split(";")[0] if submit.stdout.split() else ""
-    return Job(submit, job_id, job_out, run_dir)
+    job = Job(submit, job_id, job_out, run_dir)
+    if wait and submit.returncode == 0 and job_id.isdigit():
+        wait_for_job(job_id, env)
+    return job
+
+
+def wait_for_job(job_id: str, env: dict[str, str], timeout_s: float = JOB_TIMEOUT_S) -> dict[str, str]:
+    """Poll until the job has ended (a final state, COMPLETING over): `sbatch --wait` polls with a back-off of
+    up to 10 s, which a suite of ten jobs paid in full; this asks twice a second."""
+    deadline = time.monotonic() + timeout_s
+    while (fields := final_job_fields(job_id, env, wait_s=0)).get("JobState") in UNFINISHED:
+        assert time.monotonic() < deadline, f"job {job_id} still {fields.get('JobState')} after {timeout_s:.0f} s"
+        time.sleep(0.5)
+    return fields
 
 
 def final_job_fields(job_id: str, env: dict[str, str], wait_s: float = 120.0) -> dict[str, str]:
@@ -180,6 +195,12 @@ def wait_until_gone(job_id: str, slurm_conf: str, wait_s: float = 60.0) -> list[
     while (left := job_processes(job_id, slurm_conf)) and time.monotonic() < deadline:
         time.sleep(1)
     return left
+
+
+def slurm_logs(env: dict[str, str], lines: int = 25) -> str:
+    """The last lines of the cluster's slurmctld and slurmd logs, for a failure's message."""
+    state = Path(env.get("HACPO_TEST_SLURM_STATE", "/nonexistent"))
+    return "\n".join(f"--- {log.name}:\n{tail(log, lines)}" for log in sorted(state.glob("slurm*.log")))
 
 
 def metrics_by_step(run_dir: Path) -> dict[int, dict]:

@@ -7,7 +7,8 @@ With one Ray CPU per node and one CPU per agent rank, Ray's placement puts one r
   on the nodes' own addresses; per-node Ray logs; metrics; nothing left on any node;
 - 3 nodes, pair_tiny_gpt with llama_tiny at dp = 2: its ranks on two nodes (its rendezvous and gradient all-reduce
   cross the bridge), gpt_tiny on the third;
-- 3 nodes, trio_tiny: one agent per node;
+- 3 nodes, trio_tiny with HACPO for two steps: one agent per node, and the loop's checks of
+  tests/integration/runtime/test_algorithms.py for three agents (tests/helpers/loop_checks.py);
 - node failure: every process of the job on node 2 is SIGKILLed inside step 2; the job ends within a bounded
   time, FAILED, naming the agent and rank that lived there and the last complete checkpoint (step 1); nothing is
   left on any node; resubmitting the same line resumes from step 1 and finishes, its step 2 equal to the
@@ -17,6 +18,7 @@ With one Ray CPU per node and one CPU per agent rank, Ray's placement puts one r
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -27,6 +29,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.loop_checks import (
+    SHARED,
+    B,
+    G,
+    check_last_record,
+    check_summary_header,
+    tiny_algo_overrides,
+)
 from tests.integration.slurm.cluster import (
     TINY_OVERRIDES,
     final_job_fields,
@@ -202,15 +212,25 @@ def test_three_nodes_an_agent_with_dp_2_spans_two_of_them(cluster, tmp_path):
 
 
 def test_three_nodes_trio_one_agent_per_node(cluster, tmp_path):
+    """trio_tiny with HACPO end to end through the job script: each agent on its own node, and the loop's checks
+    of tests/integration/runtime/test_algorithms.py for n = 3 (one ω per other agent, both partners' groups as
+    cross rows)."""
     out = tmp_path / "run"
-    overrides = [*(o for o in TINY_OVERRIDES if not o.startswith("runtime.steps=")), "runtime.steps=1",
-                 "agents.2.max_response_length=16", "agents.2.parallel.micro_batch_size=2"]
-    run = sbatch(cluster, out, nodes=3, ray_cpus=1, overrides=overrides, config="trio_tiny", wait=True, tag="trio")
+    run = sbatch(cluster, out, nodes=3, ray_cpus=1, overrides=tiny_algo_overrides(3), config="trio_tiny", wait=True,
+                 tag="trio")
     _completed(run, cluster)
     hosts = _check_addresses(out, ["node1", "node2", "node3"])
     assert sorted(hosts.values()) == ["node1", "node2", "node3"], hosts
     assert {agent for agent, _ in hosts} == {"llama_tiny", "gpt_tiny", "qwen_tiny"}
-    steps = metrics_by_step(out)
-    assert max(steps) == 1 and all(steps[1][f"{a}/broker/cross_rows"] == 8 for a in ("llama_tiny", "gpt_tiny"))
     assert "ray stopped on 3 node(s)" in run.output.read_text()
     assert wait_until_gone(run.job_id, cluster["SLURM_CONF"]) == []
+
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    check_summary_header(out)
+    agents = ["llama_tiny", "gpt_tiny", "qwen_tiny"]
+    check_last_record(records[-1], agents, shares=True, samples=G, loss_keys=SHARED)
+    for learner in agents:
+        assert sum(k.startswith(f"{learner}/omega/") for k in records[-1]) == 2
+        assert records[-1][f"{learner}/train/num_cross"] == 2 * B * G
+        assert records[-1][f"{learner}/broker/cross_rows"] == 2 * B * G

@@ -28,6 +28,7 @@ from tests.integration.slurm.cluster import (
     local_cluster,
     metrics_by_step,
     sbatch,
+    slurm_logs,
     tail,
     wait_until_gone,
 )
@@ -95,11 +96,15 @@ def test_sigusr1_saves_the_job_requeues_and_its_next_run_continues_as_uninterrup
         assert time.monotonic() < deadline, f"the job did not end within 1500 s: {job}\n{run.report()}"
         if job["JobState"] == "PENDING" and job.get("Restarts") == "1" and not released:
             # requeued: Slurm holds it ~2 minutes before it may start again (measured: 140 s); the test lets it go
+            # once every process of the first run is gone, as that hold would (released earlier on a loaded
+            # machine, the second run once failed at its start with exit code 1 and no output)
+            assert wait_until_gone(run.job_id, slurm_env["SLURM_CONF"]) == []
             subprocess.run(["scontrol", "update", f"JobId={run.job_id}", "StartTime=now"], env=slurm_env)
             released = True
         time.sleep(1)
     job = final_job_fields(run.job_id, slurm_env)
-    assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", f"{job}\n{run.report()}"
+    assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", (
+        f"{job}\n{run.report()}\n{slurm_logs(slurm_env)}")
     assert job["Restarts"] == "1", job
 
     text = run.output.read_text()  # both runs of the job (--open-mode=append)
