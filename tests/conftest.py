@@ -1,15 +1,17 @@
 """Suite-wide settings: offline hubs, quiet tokenizers, the `gpu` marker's skip without CUDA, and how the tests
 are shared out and ordered.
 
-Sharing. `make test` runs the suite on two pytest-xdist workers with `--dist loadgroup`; the scheduler below
-(`pytest_xdist_make_scheduler`) makes a unit of work of each entry of `UNITS` — the Slurm tests (one local
-cluster at a time), the modules whose tests read the session's uninterrupted run (made once) — and of every other
-module (its module- and class-scoped fixtures, engines and live runs, start once). A unit runs whole on one
-worker. (xdist's own `xdist_group` mark does not group under pytest 9, whose node ids it can no longer rewrite.)
+Sharing. `make test TEST_WORKERS=2` runs the suite on two pytest-xdist workers (`--dist loadgroup`); the
+scheduler below (`pytest_xdist_make_scheduler`) makes a unit of work of each entry of `UNITS` — the Slurm tests
+(one local cluster at a time), the modules whose tests read the session's uninterrupted run (made once) — and of
+every other module (its module- and class-scoped fixtures, engines and live runs, start once). A unit runs whole
+on one worker. (xdist's own `xdist_group` mark does not group under pytest 9, whose node ids it can no longer
+rewrite.)
 
-Order. The units are handed out heaviest first (the `UNITS`, then the modules with tests marked `slow`), so that
-the last one to finish is short. `--shuffle=<seed>` first shuffles the modules and the tests inside each module:
-the suite must pass in any order (the README's second test command).
+Order. Under xdist the units are handed out heaviest first (the `UNITS`, then the modules with tests marked
+`slow`), so that the last one to finish is short; in one process (the default) the collection order is kept.
+`--shuffle=<seed>` first shuffles the modules and the tests inside each module: the suite must pass in any order
+(the README's second test command).
 """
 
 from __future__ import annotations
@@ -80,8 +82,13 @@ def pytest_collection_modifyitems(config, items):
                                     f"(tests/conftest.py) as 'uninterrupted', or a second worker makes that run again")
         own = first.index(unit) if unit in first else len(first) + ("slow" not in item.keywords)
         rank[unit] = min(rank.get(unit, own), own)
-    items.sort(key=lambda item: rank[unit_of_work(item.nodeid)])  # stable: the order inside a rank is kept
+    if hasattr(config, "workerinput") or config.getvalue("dist") not in (None, "no"):  # xdist; else kept as is
+        items.sort(key=lambda item: rank[unit_of_work(item.nodeid)])  # stable: the order inside a rank is kept
 
+    _skip_gpu_tests(items)
+
+
+def _skip_gpu_tests(items) -> None:
     import torch
 
     if torch.cuda.is_available():
