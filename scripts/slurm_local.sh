@@ -78,7 +78,9 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$state/munge/munge.socket
+# cred_expire: how long a killed job's credential stays revoked, and so how long a requeued job waits before it may
+# start again (Slurm's default 120 s; a requeued job started sooner is killed: "Job credential revoked")
+AuthInfo=socket=$state/munge/munge.socket,cred_expire=10
 StateSaveLocation=$state/ctld
 SlurmdSpoolDir=$state/slurmd-%n
 SlurmctldPidFile=$state/slurmctld.pid
