@@ -106,8 +106,9 @@ def sbatch(env: dict[str, str], run_dir: Path, *, nodes: int, ray_cpus: int, ove
 
     `ray_cpus`: Ray CPUs per node (one per agent rank: with 1, Ray places one rank per node). `tag` keeps the
     job's output file and Ray's temp dirs apart from other submissions of the same test. `options`: more sbatch
-    options (`--requeue`). `wait`: return once the job has ended (`wait_for_job`). The time limit's SIGUSR1 comes 60 s ahead of the 30 minutes (the script asks 900 s
-    ahead: a slow job on a loaded machine would save and stop at 15 minutes).
+    options (`--requeue`). `wait`: return once the job has ended (`wait_for_job`). The time limit's SIGUSR1 comes
+    60 s ahead of the 30 minutes (the script asks 900 s ahead: a slow job on a loaded machine would save and stop at
+    15 minutes).
     """
     exports = {"CONFIG": config, "PYTHON": str(PYTHON), "HACPO_OUTPUT_DIR": str(run_dir),
                "RAY_PORT": str(free_port()), "RAY_NUM_CPUS": str(ray_cpus), "RAY_WAIT_S": "300",
