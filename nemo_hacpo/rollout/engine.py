@@ -97,7 +97,8 @@ class RolloutEngine:
         self._generate_calls = 0
         self._stats: dict[str, float] = {"generate_calls": 0, "refits": 0}
 
-        os.environ.update(engine_environment(settings))
+        environment = engine_environment(settings)  # while the engine starts: its processes inherit it
+        saved = {key: os.environ.get(key) for key in environment}
         self._scratch_dir = tempfile.mkdtemp(prefix=f"nemo_hacpo_{settings.agent_name}_engine_")
         weakref.finalize(self, shutil.rmtree, self._scratch_dir, True)  # also when shutdown() is never called
         write_generation_config(self._scratch_dir, self.eos_token_id)
@@ -105,11 +106,18 @@ class RolloutEngine:
         from vllm import LLM
 
         start = time.perf_counter()
+        os.environ.update(environment)
         try:
             self._llm: Any = LLM(**llm_kwargs(settings, generation_config_dir=self._scratch_dir, tokenizer_dir=view))
         except BaseException:
             shutil.rmtree(self._scratch_dir, ignore_errors=True)
             raise
+        finally:  # a later engine in this process (a restart, a test) reads the user's settings, not these
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
         self._stats["startup_s"] = time.perf_counter() - start
         self._engine_pids = engine_pids(self._llm)
         self._engine_shm = engine_shm_files(self._engine_pids)
@@ -120,12 +128,13 @@ class RolloutEngine:
     # ------------------------------------------------------------------------------------------ building
     @classmethod
     def from_agent(cls, agent: AgentConfig, model_dir: str | Path, *, tokenizer_dir: str | Path | None = None,
-                   device: Device | None = None, default_seed: int = 0) -> RolloutEngine:
+                   device: Device | None = None, default_seed: int = 0,
+                   cpu_cores: Sequence[int] | None = None) -> RolloutEngine:
         """Start the engine of `agent` from the HF checkpoint in `model_dir`.
 
         The tokenizer is the agent's (`agent.tokenizer.source`; `model` = the checkpoint's own) unless
         `tokenizer_dir` is given. `device` defaults to CUDA when available. `default_seed` is used when
-        `agent.rollout.seed` is null.
+        `agent.rollout.seed` is null. `cpu_cores` (CPU): the cores the engine's threads are bound to.
         """
         from nemo_hacpo.models.tokenizers import load_tokenizer, tokenizer_path
 
@@ -134,7 +143,8 @@ class RolloutEngine:
             tokenizer_dir = Path(model_dir) if source == "model" else tokenizer_path(source)
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        settings = engine_settings(agent, model_dir, tokenizer_dir, device=device, default_seed=default_seed)
+        settings = engine_settings(agent, model_dir, tokenizer_dir, device=device, default_seed=default_seed,
+                                   cpu_cores=cpu_cores)
         return cls(settings, load_tokenizer(Path(tokenizer_dir)), sampling=SamplingSettings.from_config(agent.rollout),
                    chat_template=agent.tokenizer.chat_template)
 

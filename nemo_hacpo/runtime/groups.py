@@ -124,11 +124,14 @@ class AgentGroup:
     def __init__(self, agent: AgentConfig, *, seed: int, run_dir: str, total_updates: int, device: str,
                  keep_reference: bool, init_weights: str | None = None, start_engine: bool = True,
                  resume_from: str | None = None, call_timeout_s: float = 3600.0, collective_timeout_s: float = 1800.0,
-                 gpus_per_rank: float = 1.0, placement_timeout_s: float = 600.0, log_dir: str | None = None):
+                 gpus_per_rank: float = 1.0, placement_timeout_s: float = 600.0, log_dir: str | None = None,
+                 engine_cpu_slot: tuple[int, int] | None = None):
         """`keep_reference`: the ranks keep the frozen reference model of a KL term (β > 0).
         `gpus_per_rank` < 1 lets several agents share a GPU (one-GPU benchmarks); clusters use 1.
         `placement_timeout_s`: how long to wait for Ray to reserve the agent's resources.
-        `log_dir`: each rank's process output goes to `<log_dir>/<agent>_rank<r>.log` (None: to Ray's logs)."""
+        `log_dir`: each rank's process output goes to `<log_dir>/<agent>_rank<r>.log` (None: to Ray's logs).
+        `engine_cpu_slot` = (slot, slots) on CPU: the agent's engine takes share `slot` of the node's cores
+        (`rollout.settings.engine_cpu_cores`); None leaves vLLM's binding."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -168,7 +171,8 @@ class AgentGroup:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     self.placement, placement_group_bundle_index=bundle_of_rank[rank]),
             ).remote(agent, rank, seed=seed, run_dir=run_dir, total_updates=total_updates,
-                     keep_reference=keep_reference, collective_timeout_s=collective_timeout_s, log_dir=log_dir)
+                     keep_reference=keep_reference, collective_timeout_s=collective_timeout_s, log_dir=log_dir,
+                     engine_cpu_slot=engine_cpu_slot)
             for rank in range(world)
         ]
         self.log_dir = log_dir

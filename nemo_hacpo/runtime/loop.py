@@ -169,7 +169,8 @@ class HacpoRun:
                 agent, seed=cfg.runtime.seed + 1000 * i, run_dir=str(self.out_dir), total_updates=total_updates,
                 device=cfg.runtime.cluster.device, keep_reference=cfg.algo.kl_coef > 0, init_weights=init[agent.name],
                 resume_from=resume_from[agent.name], call_timeout_s=cfg.runtime.call_timeout_s,
-                collective_timeout_s=cfg.runtime.collective_timeout_s, log_dir=str(self.out_dir / "logs"))
+                collective_timeout_s=cfg.runtime.collective_timeout_s, log_dir=str(self.out_dir / "logs"),
+                engine_cpu_slot=(i, len(cfg.agents)) if cfg.runtime.cluster.device == "cpu" else None)
         for group in self.groups.values():
             info = group.wait_ready()
             logger.info("agent %s ready: %s", group.agent.name, info[0])

@@ -44,6 +44,7 @@ from nemo_hacpo.config import AgentConfig
 from nemo_hacpo.rollout.engine_group import EngineGroup
 from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
 from nemo_hacpo.rollout.refit import RpcRefit, StagedRefit, make_refit_strategy
+from nemo_hacpo.rollout.settings import engine_cpu_cores
 from nemo_hacpo.training.loss_metrics import TrainMetrics
 from nemo_hacpo.training.objective import Objective
 
@@ -186,11 +187,15 @@ class AgentRank:
 
     `keep_reference`: build the frozen reference model of the KL term (β > 0). `log_dir`: where this rank's
     process output goes (`<log_dir>/<agent>_rank<r>.log`); None keeps the inherited output.
+    `engine_cpu_slot` = (slot, slots), CPU: this rank's engine is engine `slot` of the `slots` engines that share
+    the node's cores, and binds its threads to its share of them (`rollout.settings.engine_cpu_cores`).
     """
 
     def __init__(self, agent: AgentConfig, rank: int, *, seed: int, run_dir: str, total_updates: int,
-                 keep_reference: bool, collective_timeout_s: float = 1800.0, log_dir: str | None = None):
+                 keep_reference: bool, collective_timeout_s: float = 1800.0, log_dir: str | None = None,
+                 engine_cpu_slot: tuple[int, int] | None = None):
         self.agent, self.rank, self.keep_reference = agent, rank, keep_reference
+        self.engine_cpu_slot = engine_cpu_slot
         self.collective_timeout_s = collective_timeout_s
         self.seed, self.run_dir, self.total_updates = seed, Path(run_dir), total_updates
         if log_dir is not None:
@@ -340,8 +345,11 @@ class AgentRank:
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
         if self.engine_gpus:  # CUDA: the engine's (spawned) processes see exactly its GPUs
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.engine_gpus)
+        cpu_cores = None
+        if self.engine_cpu_slot is not None and not torch.cuda.is_available():
+            cpu_cores = engine_cpu_cores(sorted(os.sched_getaffinity(0)), *self.engine_cpu_slot)
         try:
-            return RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed)
+            return RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed, cpu_cores=cpu_cores)
         finally:
             if self.engine_gpus:
                 if saved is None:

@@ -24,6 +24,7 @@ import pytest
 from tests.helpers.runs import assert_same_metrics
 from tests.integration.slurm.cluster import (
     TINY_OVERRIDES,
+    Job,
     final_job_fields,
     local_cluster,
     metrics_by_step,
@@ -34,7 +35,6 @@ from tests.integration.slurm.cluster import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-_uninterrupted: dict[str, dict[int, dict]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +43,18 @@ def slurm_env() -> Iterator[dict[str, str]]:
         yield env
 
 
-def test_sbatch_runs_the_tiny_pair_for_two_steps(slurm_env, tmp_path):
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def uninterrupted_job(slurm_env, tmp_path_factory) -> Job:
+    """The tiny pair's 2-step job, run once: checked by the first test, the reference of the requeue test (so
+    the latter needs no other test to run before it)."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
     ranks = 2  # one Ray CPU per rank (pair_tiny_gpt: one rank per agent); vLLM runs in rank 0
-    run = sbatch(slurm_env, out, nodes=1, ray_cpus=ranks, overrides=TINY_OVERRIDES, wait=True, tag="one")
-    job_id, job_out, report = run.job_id, run.output, run.report()
+    return sbatch(slurm_env, out, nodes=1, ray_cpus=ranks, overrides=TINY_OVERRIDES, wait=True, tag="one")
+
+
+def test_sbatch_runs_the_tiny_pair_for_two_steps(slurm_env, uninterrupted_job):
+    run = uninterrupted_job
+    out, job_id, job_out, report = run.run_dir, run.job_id, run.output, run.report()
     assert job_id.isdigit(), report
 
     job = final_job_fields(job_id, slurm_env)
@@ -71,12 +78,11 @@ def test_sbatch_runs_the_tiny_pair_for_two_steps(slurm_env, tmp_path):
 
     # clean teardown: nothing the job started (Ray, its workers, vLLM engine cores) is left on the node
     assert wait_until_gone(job_id, slurm_env["SLURM_CONF"]) == []
-    _uninterrupted["one"] = metrics_by_step(out)
 
 
-def test_sigusr1_saves_the_job_requeues_and_its_next_run_continues_as_uninterrupted(slurm_env, tmp_path):
-    if "one" not in _uninterrupted:
-        pytest.skip("needs the uninterrupted job of test_sbatch_runs_the_tiny_pair_for_two_steps")
+def test_sigusr1_saves_the_job_requeues_and_its_next_run_continues_as_uninterrupted(slurm_env, uninterrupted_job,
+                                                                                    tmp_path):
+    reference = metrics_by_step(uninterrupted_job.run_dir)
     out = tmp_path / "run"
     run = sbatch(slurm_env, out, nodes=1, ray_cpus=2, overrides=TINY_OVERRIDES, wait=False, tag="usr1",
                  options=["--requeue"])
@@ -112,6 +118,6 @@ def test_sigusr1_saves_the_job_requeues_and_its_next_run_continues_as_uninterrup
     step = int(saved.group(1))  # the step in progress when the signal came: 1, or 2 on a slow poll
     assert f"(step {step})" in driver.split("resuming from ", 1)[1].splitlines()[0], driver[-3000:]
     resumed = metrics_by_step(out)
-    assert sorted(resumed) == sorted(_uninterrupted["one"]) == [0, 1, 2]
-    assert_same_metrics(resumed, _uninterrupted["one"], steps=(1, 2))
+    assert sorted(resumed) == sorted(reference) == [0, 1, 2]
+    assert_same_metrics(resumed, reference, steps=(1, 2))
     assert wait_until_gone(run.job_id, slurm_env["SLURM_CONF"]) == []

