@@ -39,6 +39,7 @@ from tests.helpers.loop_checks import (
 )
 from tests.integration.slurm.cluster import (
     TINY_OVERRIDES,
+    Job,
     final_job_fields,
     job_processes,
     local_cluster,
@@ -55,7 +56,6 @@ ADDRESS = {"node1": "10.77.0.1", "node2": "10.77.0.2", "node3": "10.77.0.3"}
 COMPARED = ("reward_mean", "response_length_mean", "train/loss", "train/policy_loss", "train/grad_norm",
             "train/self_ratio_mean", "capability")
 """As tests/integration/runtime/test_resume_and_failures.py compares a resumed run with an uninterrupted one."""
-_uninterrupted: dict[str, dict[int, dict]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -93,9 +93,16 @@ def _check_addresses(run_dir: Path, nodes: list[str]) -> dict[tuple[str, int], s
     return {key: host for key, (host, *_) in placed.items()}
 
 
-def test_two_nodes_one_agent_each(cluster, tmp_path):
-    out = tmp_path / "run"
-    run = sbatch(cluster, out, nodes=2, ray_cpus=1, overrides=TINY_OVERRIDES, wait=True, tag="two")
+@pytest.fixture(scope="module")
+def two_node_job(cluster, tmp_path_factory) -> Job:
+    """The tiny pair's 2-step job on two nodes, run once: checked by test_two_nodes_one_agent_each, the reference
+    of the node-failure test (so that test needs no other to run before it)."""
+    out = tmp_path_factory.mktemp("two_nodes") / "run"
+    return sbatch(cluster, out, nodes=2, ray_cpus=1, overrides=TINY_OVERRIDES, wait=True, tag="two")
+
+
+def test_two_nodes_one_agent_each(cluster, two_node_job):
+    run, out = two_node_job, two_node_job.run_dir
     _completed(run, cluster)
     nodes = _job_nodes(run)
     assert len(nodes) == 2, nodes
@@ -107,7 +114,6 @@ def test_two_nodes_one_agent_each(cluster, tmp_path):
     assert "ray stopped on 2 node(s)" in text, run.report()
     steps = metrics_by_step(out)
     assert max(steps) == 2 and steps[2]["llama_tiny/broker/cross_rows"] == 4, steps.get(2)
-    _uninterrupted["two"] = steps
     assert wait_until_gone(run.job_id, cluster["SLURM_CONF"]) == []
 
 
@@ -125,9 +131,9 @@ def _kill_node(job_id: str, slurm_conf: str, node: str) -> list[str]:
     return killed
 
 
-def test_node_failure_stops_the_job_and_a_resubmission_resumes(cluster, tmp_path):
-    if "two" not in _uninterrupted:
-        pytest.skip("needs the uninterrupted 2-node run of test_two_nodes_one_agent_each")
+def test_node_failure_stops_the_job_and_a_resubmission_resumes(cluster, two_node_job, tmp_path):
+    _completed(two_node_job, cluster)  # the reference: the same job, uninterrupted
+    expected = metrics_by_step(two_node_job.run_dir)
     out = tmp_path / "run"
     conf = cluster["SLURM_CONF"]
     run = sbatch(cluster, out, nodes=2, ray_cpus=1, overrides=TINY_OVERRIDES, wait=False, tag="fail")
@@ -161,7 +167,7 @@ def test_node_failure_stops_the_job_and_a_resubmission_resumes(cluster, tmp_path
     _completed(again, cluster)
     log = (out / "logs" / "driver.log").read_text(errors="replace")
     assert "resuming from " in log and "(step 1)" in log.split("resuming from ")[-1].splitlines()[0], log[-3000:]
-    resumed, expected = metrics_by_step(out), _uninterrupted["two"]
+    resumed = metrics_by_step(out)
     assert max(resumed) == 2
     for agent in ("llama_tiny", "gpt_tiny"):
         for key in COMPARED:

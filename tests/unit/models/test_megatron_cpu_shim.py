@@ -125,21 +125,29 @@ def test_device_mode_stays_on_inside_backward() -> None:
 
 
 def test_apply_is_idempotent_and_remove_restores_torch() -> None:
-    original_current_device = torch.cuda.current_device
-    original_run_backward = torch.autograd._engine_run_backward
-    assert apply_cpu_shim() is True
-    patched_current_device = torch.cuda.current_device
-    assert apply_cpu_shim() is True
-    modes = [m for m in torch.overrides._get_current_function_mode_stack() if isinstance(m, CudaToCpuMode)]
-    assert len(modes) == 1
-    assert torch.cuda.current_device is patched_current_device is not original_current_device
-
+    # an earlier test in this process (a trainer built in-process) may have left the shim on: start from plain
+    # torch, and leave the shim as it was found
+    was_on = any(isinstance(m, CudaToCpuMode) for m in torch.overrides._get_current_function_mode_stack())
     remove_cpu_shim()
-    assert torch.cuda.current_device is original_current_device
-    assert torch.autograd._engine_run_backward is original_run_backward
-    assert not any(isinstance(m, CudaToCpuMode) for m in torch.overrides._get_current_function_mode_stack())
-    with pytest.raises((AssertionError, RuntimeError)):  # CPU-only torch refuses CUDA again
-        torch.zeros(1, device="cuda")
+    try:
+        original_current_device = torch.cuda.current_device
+        original_run_backward = torch.autograd._engine_run_backward
+        assert apply_cpu_shim() is True
+        patched_current_device = torch.cuda.current_device
+        assert apply_cpu_shim() is True
+        modes = [m for m in torch.overrides._get_current_function_mode_stack() if isinstance(m, CudaToCpuMode)]
+        assert len(modes) == 1
+        assert torch.cuda.current_device is patched_current_device is not original_current_device
+
+        remove_cpu_shim()
+        assert torch.cuda.current_device is original_current_device
+        assert torch.autograd._engine_run_backward is original_run_backward
+        assert not any(isinstance(m, CudaToCpuMode) for m in torch.overrides._get_current_function_mode_stack())
+        with pytest.raises((AssertionError, RuntimeError)):  # CPU-only torch refuses CUDA again
+            torch.zeros(1, device="cuda")
+    finally:
+        if was_on:
+            apply_cpu_shim()
 
 
 def test_rng_tracker_forks_named_cpu_streams() -> None:
