@@ -12,10 +12,10 @@ train: setup
 	$(PY) recipes/train.py $(ARGS)
 
 # The suite CI runs (.ci/run): everything that runs on a 2-core CPU machine; GPU tests skip without CUDA.
-# TEST_WORKERS=2: two pytest-xdist workers, a module (or a UNITS entry of tests/conftest.py) per unit of work, the
-# heaviest first (measured 1735 s vs 2211 s in one process; not yet the default: on a loaded 2-core machine two
-# Slurm jobs failed to start beside the other worker, see the README). ARGS="--shuffle=7": another order.
-TEST_WORKERS ?= 0
+# TEST_WORKERS=2 (the default): two pytest-xdist workers, a module (or a UNITS entry of tests/conftest.py) per unit
+# of work, the heaviest first; TEST_WORKERS=0: one process (see the README for both times). ARGS="--shuffle=7":
+# another order.
+TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)
 test: setup
 	$(PY) -m pytest -q $(XDIST) $(ARGS)

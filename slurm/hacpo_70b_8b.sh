@@ -24,7 +24,8 @@
 # Environment: CONFIG (or CONFIG_NAME; default pair_large), PYTHON (default: python on PATH, e.g. a venv's
 # bin/python), HACPO_OUTPUT_DIR (outputs/<config>: resubmitting the job resumes there), HACPO_HEAD_IP (the head
 # node's address the others dial; default: slurm/node_address.py on it, never loopback), RAY_PORT (6379), RAY_NUM_CPUS (default: the CPUs Slurm gave the task),
-# RAY_TEMP_DIR (/tmp/ray-hacpo-<job id> on the head, -<node> appended on the others), RAY_WAIT_S (600), RAY_AUTH_MODE (token, with a per-job token),
+# RAY_TEMP_DIR (/tmp/ray-hacpo-<job id> on the head, -<node> appended on the others), RAY_WAIT_S (600), RAY_START_TRIES (3),
+# RAY_AUTH_MODE (token, with a per-job token),
 # CONTAINER_MOUNTS (extra mounts; the repository, HACPO_OUTPUT_DIR and the folders of HACPO_*_PATH / *_DATA are
 # mounted already). `--config-name X` among the arguments also picks X.
 # Other sizes: override the #SBATCH lines on the command line. What CI runs on one CPU node (tests/integration/
@@ -80,6 +81,7 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 LOG_DIR=$HACPO_OUTPUT_DIR/logs
 RAY_TEMP_DIR=${RAY_TEMP_DIR:-/tmp/ray-hacpo-$JOB_ID}  # short: Ray's socket paths must fit in 107 bytes
 RAY_WAIT_S=${RAY_WAIT_S:-600}
+RAY_START_TRIES=${RAY_START_TRIES:-3}
 mkdir -p "$LOG_DIR"
 # Ray ≥ 2.5x: `ray start` turns token auth on by itself when ~/.ray/auth_token exists (any earlier local
 # ray.init() writes one), but a client given an explicit address does not: every connection is then refused
@@ -176,16 +178,26 @@ trap 'echo "[hacpo] interrupted"; exit 130' INT
 # ------------------------------------------------------------------------------------------ Ray cluster
 # At teardown `ray start --block` exits 1 on its SIGTERM, so srun reports "task 0: Exited with exit code 1"
 # for each Ray step: expected, and not the job's status (the driver's is).
-ray_start() {  # node, extra `ray start` args...
-    local node=$1; shift
+ray_temp_dir() {  # node: its Ray temp dir (nodes that share /tmp — containers on one host, the namespace nodes of
+    # scripts/slurm_local.sh — would otherwise share Ray's session sockets)
+    if [[ "$1" == "$head_node" ]]; then echo "$RAY_TEMP_DIR"; else echo "$RAY_TEMP_DIR-$1"; fi
+}
+
+ray_start() {  # node: `ray start --block` there (the head, or a worker joining it), in the background
+    local node=$1 role
+    if [[ "$node" == "$head_node" ]]; then
+        role=(--head --node-ip-address="$head_ip" --port="$RAY_PORT" --include-dashboard=false)
+    else
+        role=(--address="$head_ip:$RAY_PORT")
+    fi
     "${srun_one[@]}" -w "$node" --job-name=hacpo-ray --output="$LOG_DIR/ray-$node.log" --open-mode=append \
         "$PYTHON" -m ray.scripts.scripts start --block --num-cpus="$RAY_NUM_CPUS" --num-gpus="$gpus_per_node" \
-        --disable-usage-stats "$@" &
+        --disable-usage-stats "${role[@]}" --temp-dir="$(ray_temp_dir "$node")" &
     ray_pids+=("$!")
 }
 
-ray_wait() {  # nodes: wait until that many Ray nodes are alive (the head may still be starting)
-    "${srun_one[@]}" -w "$head_node" "$PYTHON" - "$head_ip:$RAY_PORT" "$1" "$RAY_WAIT_S" <<'EOF'
+ray_wait() {  # nodes: in the background, wait until that many Ray nodes are alive (the head may still be starting)
+    "${srun_one[@]}" -w "$head_node" "$PYTHON" - "$head_ip:$RAY_PORT" "$1" "$RAY_WAIT_S" <<'EOF' &
 import sys, time
 import ray
 address, want, wait_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
@@ -212,15 +224,46 @@ sys.exit(f"[hacpo] only {alive} of {want} Ray nodes joined {address} within {wai
 EOF
 }
 
-ray_start "$head_node" --head --node-ip-address="$head_ip" --port="$RAY_PORT" --include-dashboard=false \
-    --temp-dir="$RAY_TEMP_DIR"
-ray_wait 1
-for node in "${nodes[@]:1}"; do
-    # its own temp dir: nodes that share /tmp (containers on one host, the namespace nodes of
-    # scripts/slurm_local.sh) would otherwise share Ray's session sockets
-    ray_start "$node" --address="$head_ip:$RAY_PORT" --temp-dir="$RAY_TEMP_DIR-$node"
-done
-[[ ${#nodes[@]} -gt 1 ]] && ray_wait "${#nodes[@]}"
+# Ray gives a starting node 30 s to register with the GCS (hard-coded in Ray); a loaded node can miss that, and
+# `ray start` then exits ("The current node timed out during startup"). A node whose `ray start` ends before the
+# cluster is up is started again — what it left running killed first — up to RAY_START_TRIES times in all.
+ray_up() {  # nodes the cluster must have in all, then the nodes to start now
+    local want=$1 node waiter
+    shift
+    local -A pid_of=() tries=()
+    for node in "$@"; do
+        ray_start "$node"
+        pid_of[$node]=$!
+        tries[$node]=1
+    done
+    ray_wait "$want"
+    waiter=$!
+    while kill -0 "$waiter" 2>/dev/null; do
+        for node in "$@"; do
+            kill -0 "${pid_of[$node]}" 2>/dev/null && continue
+            kill -0 "$waiter" 2>/dev/null || break 2  # the cluster came up as this start ended
+            echo "[hacpo] ray on $node exited while starting (try ${tries[$node]} of $RAY_START_TRIES):" \
+                 "$(grep -v '^\s*$' "$LOG_DIR/ray-$node.log" 2>/dev/null | tail -n 1)"
+            if [[ ${tries[$node]} -ge $RAY_START_TRIES ]]; then
+                echo "[hacpo] ray did not start on $node: see $LOG_DIR/ray-$node.log"
+                kill -TERM "$waiter" 2>/dev/null || true
+                wait "$waiter" 2>/dev/null || true
+                return 1
+            fi
+            # whatever that start left running there: its processes name its session dir ("[s]": the pattern
+            # must not match its own srun's command line)
+            "${srun_one[@]}" -w "$node" pkill -KILL -f -- "$(ray_temp_dir "$node")/[s]ession_" || true
+            ray_start "$node"
+            pid_of[$node]=$!
+            tries[$node]=$((tries[$node] + 1))
+        done
+        sleep 0.2
+    done
+    wait "$waiter"
+}
+
+ray_up 1 "$head_node"
+[[ ${#nodes[@]} -gt 1 ]] && ray_up "${#nodes[@]}" "${nodes[@]:1}"
 
 # ------------------------------------------------------------------------------------------ driver
 if [[ $preempt_requested -eq 1 ]]; then

@@ -1,15 +1,15 @@
 """Suite-wide settings: offline hubs, quiet tokenizers, the `gpu` marker's skip without CUDA, and how the tests
 are shared out and ordered.
 
-Sharing. `make test TEST_WORKERS=2` runs the suite on two pytest-xdist workers (`--dist loadgroup`); the
-scheduler below (`pytest_xdist_make_scheduler`) makes a unit of work of each entry of `UNITS` — the Slurm tests
-(one local cluster at a time), the modules whose tests read the session's uninterrupted run (made once) — and of
-every other module (its module- and class-scoped fixtures, engines and live runs, start once). A unit runs whole
-on one worker. (xdist's own `xdist_group` mark does not group under pytest 9, whose node ids it can no longer
+Sharing. `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`; `TEST_WORKERS=0`: in one
+process); the scheduler below (`pytest_xdist_make_scheduler`) makes a unit of work of each entry of `UNITS` — each
+Slurm module (one local cluster per module), the modules whose tests read the session's uninterrupted run (made
+once) — and of every other module (its module- and class-scoped fixtures, engines and live runs, start once). A
+unit runs whole on one worker. (xdist's own `xdist_group` mark does not group under pytest 9, whose node ids it can no longer
 rewrite.)
 
 Order. Under xdist the units are handed out heaviest first (the `UNITS`, then the modules with tests marked
-`slow`), so that the last one to finish is short; in one process (the default) the collection order is kept.
+`slow`), so that the last one to finish is short; in one process the collection order is kept.
 `--shuffle=<seed>` first shuffles the modules and the tests inside each module: the suite must pass in any order
 (the README's second test command).
 """
@@ -32,12 +32,16 @@ def pytest_addoption(parser):
 
 
 UNITS = {
-    "tests/integration/slurm/": "slurm",
     "tests/integration/runtime/test_train_loop.py": "uninterrupted",
     "tests/integration/runtime/test_preemption_and_lock.py": "uninterrupted",
     "tests/integration/runtime/test_resume_and_failures.py": "uninterrupted",
+    "tests/integration/slurm/test_multinode.py": "slurm-nodes",
+    "tests/integration/slurm/test_sbatch_job.py": "slurm-one",
 }
-"""Path prefix → unit of work for the tests that must share one worker; in this order, the first handed out."""
+"""Path prefix → unit of work for the tests that must share one worker; in this order (the heaviest first: ~1100,
+~650 and ~270 CPU-seconds measured serially), the first handed out. The two Slurm modules are units of their own:
+each runs its own local cluster (the 3-node one in network namespaces, the one-node one on the host, on ports of
+their own), so they may run side by side."""
 UNINTERRUPTED_FIXTURES = ("uninterrupted_tiny_dir", "uninterrupted_tiny_run")
 
 

@@ -75,6 +75,9 @@ def local_cluster(nodes: int) -> Iterator[dict[str, str]]:
     """A private Slurm cluster of `nodes` nodes; yields the environment (SLURM_CONF, PATH) that reaches it."""
     env = _base_env()
     state = Path(tempfile.mkdtemp(prefix="hacpo-slurm-", dir="/tmp"))  # short: munge's socket path
+    # a port range of its own per cluster size: the one-node and the 3-node cluster may start side by side (two
+    # pytest-xdist workers), and each takes the first free pair from its start
+    env["SLURM_LOCAL_PORT"] = str(int(env.get("SLURM_LOCAL_PORT", "16817")) + 100 * (nodes - 1))
     try:
         started = subprocess.run(["bash", str(SLURM_LOCAL), "start", str(state), str(nodes)], env=env,
                                  capture_output=True, text=True, timeout=120)

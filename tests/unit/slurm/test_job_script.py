@@ -19,13 +19,39 @@ REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "slurm" / "hacpo_70b_8b.sh"
 
 FAKE_SRUN = r"""#!/usr/bin/env python3
-import json, os, sys
-with open(os.environ["SRUN_LOG"], "a") as log:
-    log.write(json.dumps({"argv": sys.argv[1:], "pythonpath": os.environ.get("PYTHONPATH", "")}) + "\n")
-if any(arg.endswith("slurm/node_address.py") for arg in sys.argv):
+import json, os, sys, time
+argv = sys.argv[1:]
+log_path = os.environ["SRUN_LOG"]
+with open(log_path, "a") as log:
+    log.write(json.dumps({"argv": argv, "pythonpath": os.environ.get("PYTHONPATH", "")}) + "\n")
+if any(arg.endswith("slurm/node_address.py") for arg in argv):
     print("10.0.0.1")
-if os.environ.get("FAKE_DRIVER_PID") and any(arg.endswith("recipes/train.py") for arg in sys.argv):
-    import signal, time  # the driver: runs until SIGUSR1, then "saves" and exits 75 as the real one does
+if "start" in argv and "--block" in argv:
+    # a Ray node: up until the driver starts; FAKE_RAY_FAIL=node:n makes the node's first n starts fail as a
+    # raylet that missed Ray's 30 s to register does
+    node = argv[argv.index("-w") + 1]
+    tries = f"{log_path}.tries-{node}"
+    tried = (int(open(tries).read()) if os.path.exists(tries) else 0) + 1
+    open(tries, "w").write(str(tried))
+    fail = dict(item.split(":") for item in os.environ.get("FAKE_RAY_FAIL", "").split(",") if item)
+    if tried <= int(fail.get(node, 0)):
+        output = next(arg.split("=", 1)[1] for arg in argv if arg.startswith("--output="))
+        with open(output, "a") as out:
+            out.write("Exception: The current node timed out during startup.\n")
+        sys.exit(1)
+    open(f"{log_path}.up-{node}", "w").close()
+    deadline = time.monotonic() + 30  # until the job's teardown stops the Ray steps (scancel --signal=TERM)
+    while not os.path.exists(f"{log_path}.stopped") and time.monotonic() < deadline:
+        time.sleep(0.02)
+if "-" in argv:  # the wait for the Ray cluster: until that many nodes are up
+    want, deadline = int(argv[argv.index("-") + 2]), time.monotonic() + 30
+    while len([n for n in os.listdir(os.path.dirname(log_path)) if ".up-" in n]) < want:
+        if time.monotonic() > deadline:
+            sys.exit(1)
+        time.sleep(0.02)
+    print(f"[hacpo] ray cluster ready: {want} node(s)")
+if any(arg.endswith("recipes/train.py") for arg in argv) and os.environ.get("FAKE_DRIVER_PID"):
+    import signal  # the driver: runs until SIGUSR1, then "saves" and exits 75 as the real one does
     signal.signal(signal.SIGUSR1, lambda *_: sys.exit(75))
     with open(os.environ["FAKE_DRIVER_PID"], "w") as out:
         out.write(str(os.getpid()))
@@ -45,8 +71,9 @@ def _job_env(tmp_path: Path, output_dir: bool = True, **env: str) -> dict[str, s
     bin_dir.mkdir(parents=True)
     (bin_dir / "srun").write_text(FAKE_SRUN)
     (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
-    for tool in ("squeue", "scancel"):
-        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+    # the job's Ray steps, and scancel --signal=TERM stopping them at teardown
+    (bin_dir / "squeue").write_text("#!/bin/sh\necho '4242.1 hacpo-ray'\n")
+    (bin_dir / "scancel").write_text('#!/bin/sh\n[ "$1" = --signal=TERM ] && touch "$SRUN_LOG.stopped"\nexit 0\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     log = tmp_path / "srun.jsonl"
@@ -154,3 +181,26 @@ def test_sigusr1_reaches_the_driver_and_its_early_stop_requeues_a_requeue_job(tm
     rc, out, scontrol = _preempted_job(tmp_path / "plain", requeue="0")  # submitted without --requeue
     assert rc == 75 and "resubmit the same command to continue" in out, out
     assert not any(call.startswith("requeue") for call in scontrol)
+
+
+def test_a_node_whose_ray_start_dies_while_starting_is_started_again(tmp_path):
+    """The head's first start and node2's first two fail (a raylet that missed Ray's 30 s to register): each is
+    started again, what it left running killed first, and the job runs; a node failing RAY_START_TRIES times
+    stops the job before the driver, naming the node and its log."""
+    done, calls = _run_job(tmp_path, FAKE_RAY_FAIL="node1:1,node2:2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    starts = [c["argv"][c["argv"].index("-w") + 1] for c in calls if "start" in c["argv"] and "--block" in c["argv"]]
+    assert starts == ["node1", "node1", "node2", "node2", "node2"]
+    kills = [c["argv"][c["argv"].index("-w") + 1:] for c in calls if "pkill" in c["argv"]]
+    assert kills == [["node1", "pkill", "-KILL", "-f", "--", "/tmp/ray-hacpo-4242/[s]ession_"]] + \
+        [["node2", "pkill", "-KILL", "-f", "--", "/tmp/ray-hacpo-4242-node2/[s]ession_"]] * 2
+    assert "[hacpo] ray on node1 exited while starting (try 1 of 3): Exception: The current node timed out" \
+        in done.stdout
+    assert "ray on node2 exited while starting (try 2 of 3)" in done.stdout
+    assert any(any(a.endswith("recipes/train.py") for a in c["argv"]) for c in calls)
+
+    done, calls = _run_job(tmp_path / "fails", FAKE_RAY_FAIL="node1:1,node2:2", RAY_START_TRIES="2")
+    assert done.returncode != 0
+    assert f"[hacpo] ray did not start on node2: see {tmp_path / 'fails' / 'out' / 'logs' / 'ray-node2.log'}" \
+        in done.stdout
+    assert not any(any(a.endswith("recipes/train.py") for a in c["argv"]) for c in calls)
