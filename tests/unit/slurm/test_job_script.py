@@ -27,7 +27,7 @@ with open(log_path, "a") as log:
 if any(arg.endswith("slurm/node_address.py") for arg in argv):
     print("10.0.0.1")
 if "start" in argv and "--block" in argv:
-    # a Ray node: up until the driver starts; FAKE_RAY_FAIL=node:n makes the node's first n starts fail as a
+    # a Ray node: up until the job's teardown; FAKE_RAY_FAIL=node:n makes the node's first n starts fail as a
     # raylet that missed Ray's 30 s to register does
     node = argv[argv.index("-w") + 1]
     tries = f"{log_path}.tries-{node}"
