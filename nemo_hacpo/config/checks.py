@@ -110,6 +110,9 @@ def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigI
                                "use e.g. 0.5, or auto (the plan's generate phase sizes it)"))
     if roll.tensor_parallel_size < 1:
         out.append(ConfigIssue(f"{key}.rollout.tensor_parallel_size", "must be ≥ 1", "use 1 or more"))
+    if not roll.cpu_kvcache_gib > 0:
+        out.append(ConfigIssue(f"{key}.rollout.cpu_kvcache_gib", f"must be > 0 GiB, got {roll.cpu_kvcache_gib}",
+                               "use e.g. 1, or 0.125 for the tiny models"))
 
     opt = agent.optimizer
     if opt.lr <= 0 or opt.min_lr < 0 or opt.min_lr > opt.lr:

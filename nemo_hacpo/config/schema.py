@@ -107,8 +107,9 @@ class RolloutConfig:
     the KV-cache size below). `auto`: what the plan's generate phase leaves on the busiest GPU next to the
     colocated trainer's resident state, the two processes' CUDA contexts and NCCL buffers (`runtime.plan`,
     resolved by the driver at start-up and shown by `--plan`; on CPU `auto` is 0.5)."""
-    cpu_kvcache_gib: int = 1
-    """KV-cache size on CPU (VLLM_CPU_KVCACHE_SPACE, GiB)."""
+    cpu_kvcache_gib: float = 1
+    """KV-cache size on CPU, GiB (vLLM's `kv_cache_memory_bytes`). Fractions are allowed: the engine zero-fills the
+    whole cache at start-up, so a tiny model's short sequences start faster with e.g. 0.125 (128 MiB)."""
     enforce_eager: bool = False
     """Disable CUDA graphs."""
     temperature: float = 1.0

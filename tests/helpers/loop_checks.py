@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.runs import small_kv_cache
+
 TINY = ["runtime.steps=2", "runtime.checkpoint_interval=0", "runtime.eval_interval=0", "runtime.logging=[jsonl]",
         "runtime.save_hf=false", "warmstart.enabled=false", "algo.batch_size=2", "algo.group_size=2",
         "algo.updates_per_step=2", "data.eval.size=2", "runtime.eval_samples=2", "reward.num_workers=0"]
@@ -18,10 +20,11 @@ B, G = 2, 2
 
 
 def tiny_algo_overrides(n_agents: int) -> list[str]:
-    """Two steps of B = 2 prompts × G = 2 samples, 12-token responses, an evaluation with 2 samples at the end."""
+    """Two steps of B = 2 prompts × G = 2 samples, 12-token responses, an evaluation with 2 samples at the end, a
+    small KV cache (`tests.helpers.runs.SMALL_KV_GIB`)."""
     per_agent = [f"agents.{i}.{key}" for i in range(n_agents)
                  for key in ("max_response_length=12", "parallel.micro_batch_size=2")]
-    return TINY + per_agent
+    return TINY + per_agent + small_kv_cache(n_agents)
 
 
 def check_last_record(last: dict, agents: list[str], *, shares: bool, samples: int, loss_keys: tuple[str, ...]):

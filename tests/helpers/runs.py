@@ -27,14 +27,28 @@ COMPARED = ("reward_mean", "response_length_mean", "train/loss", "train/policy_l
 """Per agent, what a resumed run must reproduce of an uninterrupted one (eval_accuracy: where both evaluated)."""
 
 
+SMALL_KV_GIB = 0.125
+"""The tests' engines' KV cache (`rollout.cpu_kvcache_gib`): vLLM zero-fills the whole cache when an engine starts,
+and the configs' 1 GiB (sized for their real batches) made that about 5 CPU-seconds per engine on the 2-core
+machine, while a test's run holds a few hundred tokens at a time. Measured on a 3-step run of the tests' shape
+(`tiny_overrides`, every process's CPU time): 79 CPU-seconds with 1 GiB, 68-70 with 0.125."""
+
+
+def small_kv_cache(n_agents: int) -> list[str]:
+    """`agents.<i>.rollout.cpu_kvcache_gib=SMALL_KV_GIB` for each of the first `n_agents` agents."""
+    return [f"agents.{i}.rollout.cpu_kvcache_gib={SMALL_KV_GIB}" for i in range(n_agents)]
+
+
 def tiny_overrides(out: Path, steps: int, *extra: str) -> list[str]:
-    """B = 2, G = 2, 16-token responses, 2 updates, no warm start, a checkpoint every step; an `extra` override
-    replaces the default of its key (`runtime.checkpoint_interval=0`) or adds one."""
+    """B = 2, G = 2, 16-token responses, 2 updates, no warm start, a checkpoint every step, a small KV cache
+    (`SMALL_KV_GIB`); an `extra` override replaces the default of its key (`runtime.checkpoint_interval=0`) or
+    adds one."""
     defaults = [f"runtime.output_dir={out}", f"runtime.steps={steps}", "runtime.checkpoint_interval=1",
                 "runtime.eval_interval=0", "runtime.logging=[jsonl]", "runtime.save_hf=false",
                 "warmstart.enabled=false", "algo.batch_size=2", "algo.group_size=2", "algo.updates_per_step=2",
                 "data.eval.size=2", "agents.0.max_response_length=16", "agents.1.max_response_length=16",
-                "agents.0.parallel.micro_batch_size=2", "agents.1.parallel.micro_batch_size=2", "reward.num_workers=0"]
+                "agents.0.parallel.micro_batch_size=2", "agents.1.parallel.micro_batch_size=2", "reward.num_workers=0",
+                *small_kv_cache(2)]
     replaced = {item.split("=", 1)[0] for item in extra}
     return [item for item in defaults if item.split("=", 1)[0] not in replaced] + list(extra)
 

@@ -22,6 +22,7 @@ from nemo_hacpo.config import dump_config, load_config
 from nemo_hacpo.models.tokenizers import load_tokenizer
 from nemo_hacpo.rewards import score_math
 from tests.helpers import hf_models as tiny
+from tests.helpers.runs import small_kv_cache
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,7 +36,7 @@ MAX_RESPONSE = 16
 
 
 def _finished_run(run: Path) -> None:
-    cfg = load_config("pair_tiny_gpt", ["algo=gspo"])
+    cfg = load_config("pair_tiny_gpt", ["algo=gspo", *small_kv_cache(2)])
     llama = cfg.agents[0]
     spec = dataclasses.replace(llama.model.tiny, num_layers=1, hidden_size=128, num_attention_heads=2,
                                num_query_groups=1, ffn_hidden_size=256)

@@ -19,13 +19,14 @@ from nemo_hacpo.models.tokenizers import load_tokenizer
 from nemo_hacpo.rollout import RolloutEngine
 from nemo_hacpo.rollout.engine_processes import SHM_DIR, engine_pids, engine_shm_files, wait_gone
 from tests.helpers import hf_models as tiny
+from tests.helpers.runs import small_kv_cache
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("grace", ["clean", "killed"])
 def test_shutdown_leaves_no_shared_memory_of_the_engine(grace, tmp_path, monkeypatch):
-    agent = {a.name: a for a in load_config("pair_tiny_gpt").agents}["gpt_tiny"]
+    agent = {a.name: a for a in load_config("pair_tiny_gpt", small_kv_cache(2)).agents}["gpt_tiny"]
     tokenizer = load_tokenizer(agent.tokenizer.source)
     model = tiny.hf_model_from_spec(agent.model.tiny, tokenizer, seed=0, config_eos_token_id=tokenizer.pad_token_id)
     engine = RolloutEngine.from_agent(agent, tiny.save_checkpoint(model, tokenizer, tmp_path), device="cpu",

@@ -17,6 +17,7 @@ import pytest
 
 from nemo_hacpo.rollout.refit import MIB
 from tests.helpers.distributed import free_port, run_distributed
+from tests.helpers.runs import small_kv_cache
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,7 +42,7 @@ def staged_refit(run_dir: str, port: int) -> dict | None:
     cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false", "agents.0.max_response_length=16",
                                     "agents.0.optimizer.lr=3e-3", "agents.0.parallel.tp=2",
                                     "agents.0.rollout.tensor_parallel_size=2", "agents.0.rollout.refit_transport=ipc",
-                                    f"agents.0.rollout.refit_bucket_mb={BUCKET_MB}"])
+                                    f"agents.0.rollout.refit_bucket_mb={BUCKET_MB}", *small_kv_cache(1)])
     agent = cfg.agents[0]
     rank = AgentRank(agent, rank_id, seed=3, run_dir=run_dir, total_updates=10, keep_reference=False)
     rank.setup("127.0.0.1", port)

