@@ -154,6 +154,8 @@ def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
     # SIGUSR1 asks the driver to save and stop; Slurm (srun forwarding it) signals the driver's children too,
     # and its default action would kill a worker in the middle of an answer
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    # blocked by the driver while this process started (`_start_worker`): one that came meanwhile is discarded now
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     _limit_address_space(settings.memory_limit_mb)
     # Warm up sympy's lazy imports so the first real answer is timed like the others.
     score_prepared(
@@ -349,7 +351,14 @@ class MathRewardScorer:
         process = self._context.Process(
             target=_worker_main, args=(child_conn, self._settings), daemon=True, name="math-reward-worker"
         )
-        process.start()
+        # SIGUSR1 blocked while the worker starts: a spawned process inherits the mask through exec, so one that
+        # Slurm forwards before `_worker_main` has set it to be ignored waits there instead of killing the worker
+        # (the pool's start, a replacement). Forkserver children inherit the server's mask instead.
+        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
         child_conn.close()
         return _Worker(process=process, conn=parent_conn, started_at=time.monotonic())
 

@@ -7,6 +7,7 @@ other test modules in the same pytest process start from a clean state.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import socket
 from collections.abc import Iterator
@@ -78,12 +79,29 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-# --- the shim on its own (each test applies and removes it) --------------------------------------
+# --- the shim on its own (each test applies it and leaves it as found) -----------------------------
+
+
+def _shim_is_on() -> bool:
+    return any(isinstance(m, CudaToCpuMode) for m in torch.overrides._get_current_function_mode_stack())
+
+
+@contextlib.contextmanager
+def _shim_applied() -> Iterator[bool]:
+    """The shim on for one test, then as the test found it: still on when the module's Megatron fixture (or a
+    trainer built in-process by an earlier test) had applied it, off otherwise — in whatever order tests run."""
+    was_on = _shim_is_on()
+    applied = apply_cpu_shim()
+    try:
+        yield applied
+    finally:
+        if not was_on:
+            remove_cpu_shim()
 
 
 def test_device_mode_maps_cuda_devices_to_cpu() -> None:
-    assert apply_cpu_shim() is True
-    try:
+    with _shim_applied() as applied:
+        assert applied is True
         assert torch.zeros(2, device="cuda").device.type == "cpu"
         assert torch.empty(2, device=torch.cuda.current_device()).device.type == "cpu"
         assert torch.arange(3, device=torch.device("cuda", 0)).device.type == "cpu"
@@ -96,8 +114,6 @@ def test_device_mode_maps_cuda_devices_to_cpu() -> None:
         assert torch.ones(2, dtype=torch.bfloat16).type() == "torch.cuda.BFloat16Tensor"
         assert torch.ones(2).type(torch.float64).dtype == torch.float64
         torch.cuda.synchronize()  # a no-op instead of "Torch not compiled with CUDA"
-    finally:
-        remove_cpu_shim()
 
 
 class _AllocatesOnCudaInBackward(torch.autograd.Function):
@@ -113,21 +129,18 @@ class _AllocatesOnCudaInBackward(torch.autograd.Function):
 
 
 def test_device_mode_stays_on_inside_backward() -> None:
-    apply_cpu_shim()
-    try:
+    with _shim_applied():
         inputs = torch.ones(3, requires_grad=True)
         _AllocatesOnCudaInBackward.apply(inputs).sum().backward()  # d(sum 2x)/dx = 2
         assert inputs.grad.tolist() == [2.0, 2.0, 2.0]
         (grad,) = torch.autograd.grad(_AllocatesOnCudaInBackward.apply(inputs).sum(), inputs)
         assert grad.tolist() == [2.0, 2.0, 2.0]
-    finally:
-        remove_cpu_shim()
 
 
 def test_apply_is_idempotent_and_remove_restores_torch() -> None:
-    # an earlier test in this process (a trainer built in-process) may have left the shim on: start from plain
-    # torch, and leave the shim as it was found
-    was_on = any(isinstance(m, CudaToCpuMode) for m in torch.overrides._get_current_function_mode_stack())
+    # the module's Megatron fixture or an earlier test in this process (a trainer built in-process) may have left
+    # the shim on: start from plain torch, and leave the shim as it was found
+    was_on = _shim_is_on()
     remove_cpu_shim()
     try:
         original_current_device = torch.cuda.current_device
@@ -154,8 +167,7 @@ def test_rng_tracker_forks_named_cpu_streams() -> None:
     """model_parallel_cuda_manual_seed(s) on TP rank 0 seeds 'model-parallel-rng' with s + 2718."""
     from megatron.core import tensor_parallel
 
-    apply_cpu_shim()
-    try:
+    with _shim_applied():
         torch.manual_seed(7)
         tensor_parallel.model_parallel_cuda_manual_seed(1234, tp_rank=0, ep_rank=0, etp_rank=0)
         tracker = tensor_parallel.get_cuda_rng_tracker()
@@ -168,8 +180,6 @@ def test_rng_tracker_forks_named_cpu_streams() -> None:
 
         expected = torch.rand(8, generator=torch.Generator().manual_seed(1234 + 2718))
         torch.testing.assert_close(torch.cat([first_draw, second_draw]), expected, rtol=0, atol=0)
-    finally:
-        remove_cpu_shim()
 
 
 # --- a tiny GPTModel through Megatron's model, schedules and optimizer -----------------------------

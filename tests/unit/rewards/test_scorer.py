@@ -159,6 +159,20 @@ def test_sigusr1_leaves_the_workers_alone(scorer: MathRewardScorer) -> None:
     assert scorer.worker_pids == pids and scorer.metrics()["worker_restarts"] == restarts
 
 
+def test_sigusr1_while_the_workers_start_leaves_them_alone() -> None:
+    """Slurm's SIGUSR1 can come while a worker is still starting (the pool's start, a worker just replaced),
+    before it has set the signal to be ignored: it must wait, not kill the worker. Sent right after the start
+    returns, the signal reaches each worker while it still imports the verifier (a fresh interpreter: seconds)."""
+    with MathRewardScorer(num_workers=2, timeout_s=30.0, kill_grace_s=KILL_GRACE_S) as scorer:
+        pids = list(scorer.worker_pids)
+        for pid in pids:
+            os.kill(pid, signal.SIGUSR1)
+        assert scorer.wait_until_ready(timeout_s=120)
+        assert _score_mixed(scorer).rewards == [case[2] for case in MIXED]
+        assert scorer.worker_pids == pids and scorer.metrics()["worker_restarts"] == 0
+        assert signal.SIGUSR1 not in signal.pthread_sigmask(signal.SIG_BLOCK, set())  # the driver's mask restored
+
+
 def test_an_answer_that_kills_its_worker_is_retried_once_then_scores_error() -> None:
     with MathRewardScorer(num_workers=2, timeout_s=30.0, kill_grace_s=KILL_GRACE_S,
                           _debug_markers=MARKERS) as scorer:
