@@ -16,7 +16,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nemo_hacpo.models.megatron_cpu_shim import CudaToCpuMode, apply_cpu_shim, remove_cpu_shim
+from nemo_hacpo.models.megatron_cpu_shim import (
+    CudaToCpuMode,
+    _current_thread_mode,
+    apply_cpu_shim,
+    remove_cpu_shim,
+)
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU shim is a no-op with CUDA")
 
@@ -82,15 +87,11 @@ def _free_port() -> int:
 # --- the shim on its own (each test applies it and leaves it as found) -----------------------------
 
 
-def _shim_is_on() -> bool:
-    return any(isinstance(m, CudaToCpuMode) for m in torch.overrides._get_current_function_mode_stack())
-
-
 @contextlib.contextmanager
 def _shim_applied() -> Iterator[bool]:
     """The shim on for one test, then as the test found it: still on when the module's Megatron fixture (or a
     trainer built in-process by an earlier test) had applied it, off otherwise — in whatever order tests run."""
-    was_on = _shim_is_on()
+    was_on = _current_thread_mode() is not None
     applied = apply_cpu_shim()
     try:
         yield applied
@@ -140,7 +141,7 @@ def test_device_mode_stays_on_inside_backward() -> None:
 def test_apply_is_idempotent_and_remove_restores_torch() -> None:
     # the module's Megatron fixture or an earlier test in this process (a trainer built in-process) may have left
     # the shim on: start from plain torch, and leave the shim as it was found
-    was_on = _shim_is_on()
+    was_on = _current_thread_mode() is not None
     remove_cpu_shim()
     try:
         original_current_device = torch.cuda.current_device
