@@ -10,7 +10,7 @@ import pytest
 from tests.helpers.distributed import free_port, run_distributed
 from tests.helpers.runs import small_kv_cache
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # ~10 s
 
 
 class RecordingEngine:

@@ -25,6 +25,7 @@ from tests.integration.training.tiny_setup import (
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,  # two gloo ranks saving a checkpoint: ~14 s
     pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo test (GPU: tests/gpu/)"),
 ]
 

@@ -29,6 +29,7 @@ from tests.integration.training.tiny_setup import (
 
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.slow,  # ~15 s for both dtypes
     pytest.mark.skipif(torch.cuda.is_available(), reason="CPU/gloo test"),
 ]
 
