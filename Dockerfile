@@ -69,7 +69,7 @@ COPY slurm ./slurm
 # A build has no NVIDIA driver (the container runtime mounts libcuda.so.1 when a job starts): the extensions that
 # link the CUDA driver API load against the devel image's stub, which resolves symbols and runs nothing. The
 # driver the image needs at run time — R580+, or the forward-compatibility package cuda-compat-13-0 — is checked
-# when a run starts (nemo_hacpo/runtime/cuda_driver.py).
+# when a run starts (nemo_hacpo/planning/cuda_driver.py).
 RUN pip install -c /opt/constraints.txt -e ".[eval]" && \
     mkdir -p /tmp/cuda-stubs && ln -s /usr/local/cuda/lib64/stubs/libcuda.so /tmp/cuda-stubs/libcuda.so.1 && \
     LD_LIBRARY_PATH=/tmp/cuda-stubs:${LD_LIBRARY_PATH} python - <<'PY' && rm -r /tmp/cuda-stubs

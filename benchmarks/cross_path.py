@@ -41,7 +41,7 @@ def load_agents(cfg):
     from transformers import AutoModelForCausalLM
 
     from nemo_hacpo.models.tokenizers import load_tokenizer
-    from nemo_hacpo.runtime.preflight import check_agents, tokenizer_source
+    from nemo_hacpo.planning.preflight import check_agents, tokenizer_source
     from nemo_hacpo.runtime.warmstart import ensure_warm_start
 
     check_agents(cfg)  # before minutes of warm start: tokenizers exist, every tiny model converts to HF
@@ -159,7 +159,7 @@ def measure(cfg, prompts: int, group: int, seed: int) -> dict:
                 for key in pieces:
                     pieces[key] += rows_out[key].tolist()
             outcome = RowOutcome(tuple(pieces["ratio"]), tuple(pieces["in_window"]), tuple(pieces["gradient"]))
-            stats = direction_metrics(learner, names, rows.source, rows.cross_objective, outcome)
+            stats = direction_metrics(learner, names, rows.source, ~rows.is_own, outcome, rows.advantages)
             own = ~rows.cross_objective & (rows.source == k)
             results.setdefault("own_ratio_max_dev", {})[learner] = float(
                 (torch.tensor(outcome.ratio)[own] - 1).abs().max())

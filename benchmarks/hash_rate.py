@@ -1,5 +1,5 @@
 """In-memory hash rate of the checkpoint digests (blake3 on one thread and on its own threads, sha256): the
-per-core rate `runtime.plan_host.BLAKE3_GBPS_PER_CORE` that `--plan` uses for hashing in the writers.
+per-core rate `planning.host_memory.BLAKE3_GBPS_PER_CORE` that `--plan` uses for hashing in the writers.
 
     python benchmarks/hash_rate.py [--mib 256] [--repeats 4]
 

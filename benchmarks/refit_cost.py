@@ -164,8 +164,8 @@ def refit_once(transport: str, engine, arch, bucket_mb: int, seed: int):
 def measure(label: str, agent, args: argparse.Namespace, work: Path) -> list[dict]:
     from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.models.tokenizers import load_tokenizer
+    from nemo_hacpo.planning.plan import total_parameters
     from nemo_hacpo.rollout import RolloutEngine
-    from nemo_hacpo.runtime.plan import total_parameters
 
     tokenizer = load_tokenizer(agent.tokenizer.source)
     arch = model_arch(agent, len(tokenizer))

@@ -30,9 +30,7 @@ Std is the sample std (n − 1); it is undefined (shown as n/a) for one seed.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
-import math
 import shlex
 import shutil
 import subprocess
@@ -52,12 +50,8 @@ DEFAULT_ALGOS = ("gspo", "gspo_x2", "naive", "hacpo")
 PAIRED = (("hacpo", "gspo_x2"), ("hacpo", "gspo"), ("hacpo", "naive"), ("gspo_x2", "gspo"))
 RUN_RECORD = "study_run.json"
 PRUNED = ("checkpoints", "engines")
-from study_stats import (  # noqa: E402  (sibling module: the statistics of the study, by hand)
-    format_pm,
-    mean_std,
-    paired_difference,
-    t_critical_95,
-)
+from study_report import finite_or_none, results_markdown, verdict, write_csv, write_plot  # noqa: E402, F401
+from study_stats import mean_std, paired_difference  # noqa: E402  (sibling module: the statistics, by hand)
 
 
 # ------------------------------------------------------------------------------------ one run's metrics
@@ -181,7 +175,9 @@ def paired_rows(results: Sequence[RunResult], pairs: Sequence[tuple[str, str]]) 
                              if r.algo == algo and agent in r.agents} for algo in (a, b)}
             diff = paired_difference(finals[a], finals[b])
             if diff.seeds:
-                rows.append({"agent": agent, "comparison": f"{a} − {b}", **asdict(diff)})
+                low, high = diff.interval_95
+                rows.append({"agent": agent, "comparison": f"{a} − {b}", **asdict(diff), "ci95_low": low,
+                             "ci95_high": high})
     return rows
 
 
@@ -193,15 +189,32 @@ def first_reaching(curve: Sequence[tuple[int, float, float]], threshold: float) 
     return next(((step, rollouts) for step, rollouts, accuracy in curve if accuracy >= threshold), None)
 
 
-def threshold_rows(results: Sequence[RunResult], algos: Sequence[str], threshold: float) -> list[dict[str, object]]:
-    """Per agent × algorithm: how many seeds reach `threshold` held-out accuracy, and the steps and rollouts the
-    agent generated until the first evaluation that does (mean ± std over the seeds that reach it; a seed that never
-    does is counted apart, not averaged in)."""
+def parse_thresholds(text: str) -> dict[str, float]:
+    """`--threshold`: one accuracy for every agent (`0.55`, stored under "*"), or one per agent
+    (`llama_tiny=0.55,qwen_tiny=0.35`; agents left out have none)."""
+    if "=" not in text:
+        return {"*": float(text)}
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    if any(len(p) != 2 or not p[0] for p in pairs):
+        raise ValueError(f"--threshold {text!r}: use 0.55 or agent=0.55,other=0.4")
+    return {agent: float(value) for agent, value in pairs}
+
+
+def threshold_rows(results: Sequence[RunResult], algos: Sequence[str],
+                   threshold: float | Mapping[str, float]) -> list[dict[str, object]]:
+    """Per agent × algorithm: how many seeds reach the agent's threshold of held-out accuracy (one for all, or
+    `{agent: accuracy}` from `parse_thresholds`), and the steps and rollouts the agent generated until the first
+    evaluation that does (mean ± std over the seeds that reach it; a seed that never does is counted apart, not
+    averaged in)."""
+    thresholds = threshold if isinstance(threshold, Mapping) else {"*": threshold}
     rows = []
     for agent, algo, runs in runs_by_agent_algo(results, algos):
-        reached = [hit for hit in (first_reaching(r.agents[agent].curve, threshold) for r in runs) if hit]
+        level = thresholds.get(agent, thresholds.get("*"))
+        if level is None:
+            continue
+        reached = [hit for hit in (first_reaching(r.agents[agent].curve, level) for r in runs) if hit]
         steps, rollouts = mean_std([s for s, _ in reached]), mean_std([x for _, x in reached])
-        rows.append({"agent": agent, "algo": algo, "threshold": threshold, "seeds": len(runs),
+        rows.append({"agent": agent, "algo": algo, "threshold": level, "seeds": len(runs),
                      "reached": len(reached), "steps_mean": steps[0], "steps_std": steps[1],
                      "rollouts_mean": rollouts[0], "rollouts_std": rollouts[1]})
     return rows
@@ -245,20 +258,6 @@ def final_correct(run_dir: str | Path, step: int, agent: str) -> tuple[tuple[str
     return tuple(out)
 
 
-def verdict(row: Mapping[str, object]) -> str:
-    """One factual sentence about a paired row: the difference, how the seeds split, the paired t-test."""
-    n, mean, t = len(row["seeds"]), row["mean"], row["t"]
-    first, second = str(row["comparison"]).split(" − ")
-    if n < 2:
-        return f"{row['agent']}: {row['comparison']} = {mean:+.3f} on one seed; no spread to test against."
-    split = (f"{row['wins']}/{n} seeds favour {first}, {row['losses']}/{n} favour {second}, "
-             f"{n - row['wins'] - row['losses']} tied")
-    test = (f"paired t = {t:.2f} beyond ±{t_critical_95(n - 1):.2f}: a difference at the 5 % level"
-            if row["significant"] else
-            f"paired t = {t:.2f} within ±{t_critical_95(n - 1):.2f}: not distinguishable from 0 with {n} seeds")
-    return f"{row['agent']}: {row['comparison']} = {format_pm(mean, row['std'])} ({split}); {test}."
-
-
 def setup_rows(runs: Sequence[PlannedRun]) -> list[dict[str, object]]:
     """One row per algorithm: steps, M, optimizer updates (steps · M), B, responses per prompt, seeds planned."""
     rows: dict[str, dict[str, object]] = {}
@@ -268,99 +267,6 @@ def setup_rows(runs: Sequence[PlannedRun]) -> list[dict[str, object]]:
                                          "responses per prompt": run.samples_per_prompt, "seeds": []})
         row["seeds"].append(run.seed)
     return [{**row, "seeds": ",".join(map(str, row["seeds"]))} for row in rows.values()]
-
-
-def results_markdown(summary: Sequence[Mapping[str, object]], paired: Sequence[Mapping[str, object]],
-                     missing: Sequence[str], command: str, setup: Sequence[Mapping[str, object]] = (),
-                     reaching: Sequence[Mapping[str, object]] = (), pooled: Sequence[Mapping[str, object]] = ()) -> str:
-    from nemo_hacpo.reporting import markdown_table
-
-    table = [{"agent": r["agent"], "algo": r["algo"], "seeds": r["seeds"],
-              "start acc": format_pm(r["start_mean"], r["start_std"]),
-              "final acc": format_pm(r["final_mean"], r["final_std"]),
-              "final − start": format_pm(r["gain_mean"], r["gain_std"]),
-              "rollouts generated": f"{r['rollouts_generated']:.0f}",
-              "sequences trained": f"{r['sequences_trained']:.0f}",
-              "updates": f"{r['optimizer_updates']:.0f}", "min/run": f"{r['minutes_per_run']:.1f}"} for r in summary]
-    lines = ["# Sample efficiency: held-out accuracy (greedy) per agent", "", f"`{command}`", ""]
-    lines += [markdown_table(table, list(table[0])) if table else "(no finished run)", ""]
-    lines += ["Accuracy: greedy answers to the held-out split, mean ± sample std over seeds. Rollouts generated: "
-              "responses this agent sampled; sequences trained also counts the other agents' responses it trained "
-              "on (hacpo, naive).", ""]
-    if setup:
-        lines += ["## Setup", "", markdown_table(setup, list(setup[0])), ""]
-    if paired:
-        pairs = [{"agent": r["agent"], "comparison": r["comparison"], "seeds": len(r["seeds"]),
-                  "mean ± std": format_pm(r["mean"], r["std"]), "t": f"{r['t']:.2f}",
-                  "per seed": ", ".join(f"{s}: {d:+.3f}" for s, d in zip(r["seeds"], r["differences"], strict=True))}
-                 for r in paired]
-        lines += ["## Paired final-accuracy differences (same seed = same prompts and init)", "",
-                  markdown_table(pairs, list(pairs[0])), ""]
-        lines += [f"- {verdict(r)}" for r in paired] + [""]
-    if pooled:
-        rows = [{"agent": r["agent"], "comparison": r["comparison"], "seeds": r["seeds"],
-                 "problem pairs": r["pairs"], "right under the first only": r["a_only"],
-                 "right under the second only": r["b_only"], "McNemar p": f"{r['p_value']:.3g}"} for r in pooled]
-        lines += ["## Final greedy answers, McNemar's exact test pooled over seeds", "",
-                  "Each seed pairs the two algorithms' answers to the same held-out problem; the discordant problems "
-                  "of all seeds are counted together.", "", markdown_table(rows, list(rows[0])), ""]
-    if reaching:
-        rows = [{"agent": r["agent"], "algo": r["algo"], "seeds reaching": f"{r['reached']}/{r['seeds']}",
-                 "steps to reach": format_pm(r["steps_mean"], r["steps_std"], 1),
-                 "rollouts generated to reach": format_pm(r["rollouts_mean"], r["rollouts_std"], 0)} for r in reaching]
-        lines += [f"## Sample efficiency: rollouts until held-out accuracy ≥ {reaching[0]['threshold']:g}", "",
-                  "At the first evaluation reaching the threshold (mean ± std over the seeds that reach it).", "",
-                  markdown_table(rows, list(rows[0])), ""]
-    if missing:
-        lines += ["## Runs not finished (left out)", "", *[f"- {m}" for m in missing], ""]
-    lines += ["![accuracy vs rollouts](accuracy_vs_rollouts.png)", ""]
-    return "\n".join(lines)
-
-
-def write_plot(bands: Mapping[str, Mapping[str, Sequence[tuple[float, float, float]]]], path: str | Path) -> Path:
-    """One panel per agent, one line per algorithm: accuracy vs rollouts generated, ± std band (Agg PNG)."""
-    from nemo_hacpo.reporting import pyplot, save_figure
-
-    plt = pyplot()
-    agents = list(bands)
-    if not agents:
-        raise ValueError("nothing to plot")
-    fig, axes = plt.subplots(1, len(agents), figsize=(5.5 * len(agents), 4), squeeze=False)
-    for ax, agent in zip(axes[0], agents, strict=True):
-        for algo, points in bands[agent].items():
-            if not points:
-                continue
-            x, mean, std = (list(v) for v in zip(*points, strict=True))
-            line = ax.plot(x, mean, marker="o", markersize=3, label=algo)[0]
-            lo = [m - (0.0 if math.isnan(s) else s) for m, s in zip(mean, std, strict=True)]
-            hi = [m + (0.0 if math.isnan(s) else s) for m, s in zip(mean, std, strict=True)]
-            ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
-        ax.set_title(agent)
-        ax.set_xlabel("rollouts generated by this agent")
-        ax.set_ylabel("held-out accuracy (greedy)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    return save_figure(fig, path)
-
-
-def finite_or_none(value: object) -> object:
-    """`value` with every nan / ±inf float replaced by None, recursively (strict JSON has neither)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {k: finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [finite_or_none(v) for v in value]
-    return value
-
-
-def write_csv(rows: Sequence[Mapping[str, object]], path: str | Path) -> Path:
-    path = Path(path)
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["agent"])
-        writer.writeheader()
-        writer.writerows(rows)
-    return path
 
 
 # ------------------------------------------------------------------------------------------- the study
@@ -469,7 +375,8 @@ def collect(runs: Sequence[PlannedRun]) -> tuple[list[RunResult], list[str]]:
 
 
 def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path, command: str,
-              threshold: float | None = None) -> str:
+              threshold: float | Mapping[str, float] | None = None,
+              pairs: Sequence[tuple[str, str]] = PAIRED) -> str:
     """Write results.md / .csv / .json and accuracy_vs_rollouts.png from the runs' metrics; returns the markdown.
     With `threshold`: also the steps and rollouts each algorithm needs to reach that held-out accuracy."""
     out = Path(out)
@@ -477,7 +384,7 @@ def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path,
     runs = sorted(runs, key=lambda r: (list(algos).index(r.algo) if r.algo in algos else len(algos), r.seed))
     results, missing = collect(runs)
     summary = summary_rows(results, algos)
-    pairs = [p for p in PAIRED if p[0] in algos and p[1] in algos]
+    pairs = [p for p in pairs if p[0] in algos and p[1] in algos]
     paired = paired_rows(results, pairs)
     agents = agent_names(results)
     bands = {agent: {algo: band([r.agents[agent].curve for r in results if r.algo == algo and agent in r.agents])
@@ -516,8 +423,15 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--group-size", type=int, default=None, help="G (default: the config's)")
     parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (arithmetic eval split)")
     parser.add_argument("--out", default="benchmarks/results/sample_efficiency_pair_tiny")
-    parser.add_argument("--threshold", type=float, default=None,
-                        help="held-out accuracy whose first crossing is reported (steps and rollouts to reach it)")
+    parser.add_argument("--threshold", type=parse_thresholds, default=None,
+                        help="held-out accuracy whose first crossing is reported (steps and rollouts to reach it): "
+                             "0.55 for every agent, or agent=0.55,other=0.4")
+    parser.add_argument("--compare", type=csv_of(str), default=None, metavar="A-B,…",
+                        help="paired comparisons a − b (default: hacpo-gspo_x2, hacpo-gspo, hacpo-naive, "
+                             "gspo_x2-gspo, those whose algorithms run)")
+    parser.add_argument("--order", choices=["algo", "seed"], default="algo",
+                        help="run every seed of an algorithm in turn (algo), or every algorithm of a seed (seed: a "
+                             "study stopped early has whole seeds)")
     parser.add_argument("--aggregate-only", action="store_true", help="rebuild tables and plot from existing runs")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="keep each finished run's checkpoints/ and engines/ (default: deleted, they are large)")
@@ -535,6 +449,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--seeds must list distinct seeds")
     if args.steps < 1 or args.eval_interval < 1:
         parser.error("--steps and --eval-interval must be ≥ 1")
+    if args.compare is not None:
+        pairs = [tuple(item.split("-", 1)) for item in args.compare]
+        bad = [item for item, pair in zip(args.compare, pairs, strict=True)
+               if len(pair) != 2 or not set(pair) <= set(args.algos)]
+        if bad:
+            parser.error(f"--compare: {bad} are not a-b pairs of --algos")
+        args.compare = pairs
     return args, extra
 
 
@@ -571,7 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / "command.txt").write_text(command + "\n", encoding="utf-8")
         (out / ".gitignore").write_text("runs/\n", encoding="utf-8")  # the runs are large; results.* hold the data
         record_study(out / "study.json", runs)
-        for i, run in enumerate(runs, 1):
+        order = runs if args.order == "algo" else sorted(runs, key=lambda r: args.seeds.index(r.seed))
+        for i, run in enumerate(order, 1):
             if run_finished(read_run_records(run.run_dir), run.steps):
                 print(f"[{i}/{len(runs)}] {run.algo} seed {run.seed}: finished, skipped", flush=True)
                 continue
@@ -581,7 +503,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"    {record['status']} (rc {record['rc']}) in {record['wall_s'] / 60:.1f} min", flush=True)
     recorded = out / "command.txt"
     study_command = recorded.read_text(encoding="utf-8").strip() if recorded.is_file() else command
-    print(aggregate(runs, args.algos, out, study_command, args.threshold))
+    print(aggregate(runs, args.algos, out, study_command, args.threshold, args.compare or PAIRED))
     return 0
 
 

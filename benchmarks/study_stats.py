@@ -51,6 +51,18 @@ class PairedDifference:
     wins: int  # seeds with a_s > b_s
     losses: int  # seeds with a_s < b_s
 
+    @property
+    def interval_95(self) -> tuple[float, float]:
+        """The 95 % confidence interval of mean(d): mean ± t_{0.975, n−1} · std / √n (nan for fewer than 2 seeds).
+
+        d = (0.01, 0.03, 0.02): mean 0.02, std 0.01, t_{0.975, 2} = 4.303 → 0.02 ± 0.0248 = (−0.0048, 0.0448)
+        """
+        n = len(self.differences)
+        if n < 2:
+            return math.nan, math.nan
+        half = t_critical_95(n - 1) * self.std / math.sqrt(n)
+        return self.mean - half, self.mean + half
+
 
 def paired_difference(a_by_seed: Mapping[int, float], b_by_seed: Mapping[int, float]) -> PairedDifference:
     """Paired comparison of two algorithms' final accuracies, seed by seed (seeds missing from either are left out)."""

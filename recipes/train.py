@@ -56,10 +56,10 @@ def _compose(args: argparse.Namespace):
 
 
 def print_plan(cfg, notes: list[str]) -> int:
-    """Print the plan (`runtime.plan`); exit status 2 when something cannot fit. `notes`: checks that were skipped."""
+    """Print the plan (`planning.plan`); exit status 2 when something cannot fit. `notes`: checks that were skipped."""
     from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.models.tokenizers import load_tokenizer
-    from nemo_hacpo.runtime.plan import format_plan, plan_run
+    from nemo_hacpo.planning.plan import format_plan, plan_run
 
     archs = [model_arch(agent, len(load_tokenizer(agent.tokenizer.source)) if agent.model.source == "tiny" else None)
              for agent in cfg.agents]  # HF models: shapes from config.json only
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = validate(_compose(args))
         if args.plan:
-            from nemo_hacpo.runtime.preflight import check_agents
+            from nemo_hacpo.planning.preflight import check_agents
 
             # the plan reads the tiny agents' tokenizers: check them first; an HF checkpoint without tokenizer
             # files (sizing a cluster before the weights are copied) is planned without its vocabulary check

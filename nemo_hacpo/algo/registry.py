@@ -11,6 +11,7 @@ nothing else in the code compares algorithm names. Adding a variant is one entry
 |-----------|--------|---------|-----------------------------|-----------|---------------|----------|
 | `hacpo`   | yes    | G       | the cross objective         | yes       | yes           | sequence |
 | `naive`   | yes    | G       | the own-row GSPO clip       | no        | no            | sequence |
+| `naive_onpolicy` | yes | G     | the own-row GSPO clip, m_old the learner's own | no | no   | sequence |
 | `gspo`    | no     | G       | —                           | —         | —             | sequence |
 | `gspo_x2` | no     | 2G      | —                           | —         | —             | sequence |
 | `grpo`    | no     | G       | —                           | —         | —             | token    |
@@ -57,6 +58,11 @@ class Algorithm:
     """Which policy loss the trainer runs."""
     samples_factor: int = 1
     """Responses per prompt per agent = samples_factor · G (gspo_x2: 2)."""
+    cross_old_logprob: Literal["source", "learner"] = "source"
+    """The behaviour log-prob m_old of other agents' rows: the source's, at its sampling weights on its own tokens
+    (algorithm.md §4; the paper's Eq. 11 and the authors' code), or the learner's own at the weights the step starts
+    from — the rows are then trained as if the learner had sampled them (ratio 1 at the first update): pooling the
+    rollouts into one on-policy batch (algorithm.md §8)."""
 
     def __post_init__(self) -> None:
         if self.loss not in LOSS_KINDS:
@@ -65,6 +71,12 @@ class Algorithm:
             raise ValueError(f"algorithm {self.name!r}: samples_factor must be ≥ 1")
         if not self.shares_rollouts and (self.cross_objective or self.omega_on_rows):
             raise ValueError(f"algorithm {self.name!r}: cross objective and ω on rows need shared rollouts")
+        if self.cross_old_logprob not in ("source", "learner"):
+            raise ValueError(f"algorithm {self.name!r}: cross_old_logprob must be 'source' or 'learner'")
+        if self.cross_old_logprob == "learner" and (not self.shares_rollouts or self.cross_objective):
+            # §5's cross objective is the source's old policy against the learner's: its clip means nothing else
+            raise ValueError(f"algorithm {self.name!r}: the learner's own m_old on other agents' rows needs shared "
+                             "rows trained with the own-row objective")
         if self.shares_rollouts and self.loss == "token":
             # the token loss needs old per-token log-probs of every row in the learner's tokenization; another
             # agent's trainer can only give them in its own tokenization
@@ -96,6 +108,9 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
               shares_rollouts=True, cross_objective=True, omega_on_rows=True, capability_baseline=True),
     Algorithm("naive", "shared rollouts, plain joint baseline, GSPO clip on every row",
               shares_rollouts=True, cross_objective=False, omega_on_rows=False, capability_baseline=False),
+    Algorithm("naive_onpolicy", "shared rollouts pooled as on-policy: the learner's own m_old, GSPO clip, plain "
+              "joint baseline", shares_rollouts=True, cross_objective=False, omega_on_rows=False,
+              capability_baseline=False, cross_old_logprob="learner"),
     Algorithm("gspo", "each agent alone, GSPO",
               shares_rollouts=False, cross_objective=False, omega_on_rows=False, capability_baseline=False),
     Algorithm("gspo_x2", "each agent alone, GSPO, twice the rollouts",

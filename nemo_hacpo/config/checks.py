@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from datetime import datetime
@@ -36,6 +37,17 @@ def _model_shape(agent: AgentConfig) -> dict[str, int] | None:
         heads = hf.get("num_attention_heads")
         return {"heads": heads, "kv_heads": hf.get("num_key_value_heads", heads), "layers": hf.get("num_hidden_layers")}
     return None
+
+
+def _check_warm_start_shares(key: str, ws, issues: list[ConfigIssue]) -> None:
+    """The warm start's shares of habits and style (`warmstart`, or one agent's settings with its overrides)."""
+    for share in ("direct_answer_fraction", "stop_early_fraction", "narrated_fraction"):
+        value = getattr(ws, share)
+        if not 0.0 <= value <= 1.0:
+            issues.append(ConfigIssue(f"{key}.{share}", f"must lie in [0, 1], got {value}", "use e.g. 0.3"))
+    if ws.direct_answer_fraction + ws.stop_early_fraction > 1.0:
+        issues.append(ConfigIssue(f"{key}.stop_early_fraction", "direct_answer_fraction + stop_early_fraction "
+                                  "exceeds 1: a solution has one habit", "lower one of them"))
 
 
 def _check_agent(i: int, agent: AgentConfig, cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
@@ -304,13 +316,16 @@ def validate(raw: Any) -> HacpoConfig:
     _check_runtime(cfg.runtime, issues)
     if cfg.warmstart.enabled and (cfg.warmstart.steps < 1 or cfg.warmstart.batch_size < 1 or cfg.warmstart.lr <= 0):
         issues.append(ConfigIssue("warmstart", "steps and batch_size must be ≥ 1 and lr > 0", "fix the warm start"))
-    for key in ("direct_answer_fraction", "stop_early_fraction"):
-        value = getattr(cfg.warmstart, key)
-        if not 0.0 <= value <= 1.0:
-            issues.append(ConfigIssue(f"warmstart.{key}", f"must lie in [0, 1], got {value}", "use e.g. 0.3"))
-    if cfg.warmstart.direct_answer_fraction + cfg.warmstart.stop_early_fraction > 1.0:
-        issues.append(ConfigIssue("warmstart.stop_early_fraction", "direct_answer_fraction + stop_early_fraction "
-                                  "exceeds 1: a solution has one style", "lower one of them"))
+    _check_warm_start_shares("warmstart", cfg.warmstart, issues)
+    for i, agent in enumerate(cfg.agents):
+        own = agent.warmstart
+        if own.steps is not None and own.steps < 1:
+            issues.append(ConfigIssue(f"agents[{i}].warmstart.steps", f"must be ≥ 1, got {own.steps}",
+                                      "use e.g. 100, or null for the run's warmstart.steps"))
+        if any(value is not None for value in dataclasses.asdict(own).values()):
+            effective = dataclasses.replace(cfg.warmstart, **{k: v for k, v in dataclasses.asdict(own).items()
+                                                               if v is not None})
+            _check_warm_start_shares(f"agents[{i}].warmstart", effective, issues)
     if cfg.reward.timeout_s <= 0:
         issues.append(ConfigIssue("reward.timeout_s", "must be > 0", "use e.g. 5.0"))
     if cfg.reward.num_workers < 0:

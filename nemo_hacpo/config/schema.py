@@ -105,7 +105,7 @@ class RolloutConfig:
     gpu_memory_utilization: float | Literal["auto"] = 0.5
     """Fraction of GPU memory vLLM may take: its weights, activations, CUDA graphs and KV cache (on CPU: scaled by
     the KV-cache size below). `auto`: what the plan's generate phase leaves on the busiest GPU next to the
-    colocated trainer's resident state, the two processes' CUDA contexts and NCCL buffers (`runtime.plan`,
+    colocated trainer's resident state, the two processes' CUDA contexts and NCCL buffers (`planning.plan`,
     resolved by the driver at start-up and shown by `--plan`; on CPU `auto` is 0.5)."""
     cpu_kvcache_gib: float = 1
     """KV-cache size on CPU, GiB (vLLM's `kv_cache_memory_bytes`). Fractions are allowed: the engine zero-fills the
@@ -187,6 +187,21 @@ class PrecisionConfig:
 
 
 @dataclass(frozen=True)
+class AgentWarmStart:
+    """Per-agent overrides of `warmstart` (null: the run's value). Everything else of the warm start (learning rate,
+    batch size, problems, seed) is the run's."""
+
+    steps: int | None = None
+    """Optimizer steps of this agent's warm start (fewer: a weaker starting policy)."""
+    stop_early_fraction: float | None = None
+    """This agent's share of multi-step solutions that stop after the first operation."""
+    direct_answer_fraction: float | None = None
+    """This agent's share of answer-only solutions."""
+    narrated_fraction: float | None = None
+    """This agent's share of solutions written in the narrated style (`warmstart.narrated_fraction`)."""
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     """One trainable policy: its model, tokenizer, layout, rollout engine and optimizer."""
 
@@ -215,6 +230,9 @@ class AgentConfig:
     """Prompt tokens (after the chat template); longer prompts are an error in the data."""
     max_response_length: int = 256
     """Generated tokens per response; also the truncation length for re-encoded cross samples."""
+    warmstart: AgentWarmStart = field(default_factory=AgentWarmStart)
+    """This agent's own warm-start settings where they differ from the run's `warmstart` (pairs that differ in
+    capability or solution style, benchmarks/results/heterogeneity/)."""
 
 
 # ----------------------------------------------------------------------------------------------- algo
@@ -409,6 +427,11 @@ class WarmStartConfig:
     """Share of the problems with two or more operations whose solution stops after the first operation and gives
     its result as the answer (wrong unless the problem has one operation): the warm-started policy then sometimes
     stops early, and RL can discover that finishing the computation earns the reward."""
+    narrated_fraction: float = 0.0
+    """Share of the problems whose solution is narrated: each operation's sentence of the story, then its equation
+    (`She buys 2 more.` / `8 + 2 = 10`), instead of the equations alone. A style, orthogonal to the two habits above
+    (a narrated solution can also stop early); the verifier accepts both, but an agent taught one finds the other's
+    responses unlikely (arithmetic.narrated)."""
     seed: int = 0
     """Problem generation and sampling seed."""
     cache_dir: str = "~/.cache/nemo_hacpo/warmstart"
@@ -433,7 +456,7 @@ class ClusterConfig:
     81559 MiB)."""
     host_memory_gib: float | None = None
     """Host RAM of one node (GiB; `free -g`'s total), for the plan's host check: the driver refuses to start when
-    any phase needs more per node (`runtime.plan_host`); null = not checked (CPU runs)."""
+    any phase needs more per node (`planning.host_memory`); null = not checked (CPU runs)."""
     ray_address: str | None = None
     """Existing Ray cluster to join (`auto` under Slurm); null starts a local one."""
 

@@ -273,6 +273,50 @@ def stopped_early(problem: MathProblem) -> str:
     return "\n".join([lines[0], lines[1], f"The answer is \\boxed{{{first.group(4)}}}"])
 
 
+def narrated(problem: MathProblem, *, stop_early: bool = False) -> str:
+    """The narrated form of a generated problem's solution: after the start line, each operation's sentence of the
+    story, then its equation, then the boxed answer (the other *style* of the warm-start corpus,
+    `warmstart.narrated_fraction`; every word is the question's own, so every tokenizer spells it as it spells the
+    question)::
+
+        Lily starts with 8 stickers.          Lily starts with 8 stickers.
+        8 + 2 = 10                            She buys 2 more.
+        10 - 4 = 6                   →        8 + 2 = 10
+        The answer is \\boxed{6}              Then she sells 4 of them.
+                                              10 - 4 = 6
+                                              The answer is \\boxed{6}
+
+    With `stop_early` the narration stops after the first operation and boxes its result, like `stopped_early`.
+    """
+    lines = problem.solution.split("\n")
+    equations = lines[1:-1]
+    if not equations or not all(_STEP_LINE.match(line) for line in equations):
+        raise ValueError(f"not a generated arithmetic solution: {problem.solution!r}")
+    sentences = _operation_sentences(problem.question, lines[0], len(equations))
+    if stop_early:
+        sentences, equations = sentences[:1], equations[:1]
+    answer = _STEP_LINE.match(equations[-1]).group(4)
+    body = [line for pair in zip(sentences, equations, strict=True) for line in pair]
+    return "\n".join([lines[0], *body, f"The answer is \\boxed{{{answer}}}"])
+
+
+def _operation_sentences(question: str, start_line: str, operations: int) -> list[str]:
+    """One sentence per operation, read back from a generated question: the story's sentences after the opening
+    (`She buys 2 more.`, `Then she sells 4 of them.`), or for one operation the clause after the opening's " and "
+    with the person's pronoun (`He buys 4 more.`)."""
+    name = start_line.split(" ", 1)[0]
+    story = question[:question.rindex(". ") + 1] if ". " in question else ""
+    if operations == 1:
+        opening, _, clause = story.partition(" and ")
+        pronoun = next((p[1] for p in PEOPLE if p[0] == name), None)
+        sentences = [f"{pronoun.capitalize()} {clause}"] if clause and pronoun and opening.startswith(name) else []
+    else:
+        sentences = [part + "." for part in story[:-1].split(". ")[1:]]
+    if len(sentences) != operations or not all(s.endswith(".") and len(s) > 2 for s in sentences):
+        raise ValueError(f"not a generated arithmetic question with {operations} operation(s): {question!r}")
+    return sentences
+
+
 def direct_answer(problem: MathProblem) -> str:
     """The answer-only form of a generated problem's solution: its last line, ``The answer is \\boxed{N}``, with no
     worked steps before it (the other style of the warm-start corpus, `warmstart.direct_answer_fraction`)."""

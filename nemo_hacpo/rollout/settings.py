@@ -158,7 +158,7 @@ def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: st
         if rollout.gpu_memory_utilization == "auto":
             raise ValueError(f"agent {agent.name!r}: rollout.gpu_memory_utilization is 'auto', which the plan resolves "
                              "from the trainer's memory next to the engine (the training driver does it at start-up: "
-                             "nemo_hacpo.runtime.plan.startup_plan); an engine started on its own needs a number")
+                             "nemo_hacpo.planning.plan.startup_plan); an engine started on its own needs a number")
         fraction, kv_bytes = rollout.gpu_memory_utilization, None
         sleep_mode = rollout.colocated
     return EngineSettings(

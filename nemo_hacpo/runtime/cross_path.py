@@ -12,38 +12,45 @@ import torch
 
 from nemo_hacpo.training.loss_metrics import RowOutcome
 
-DIRECTION_STATS = ("rows", "s_p10", "s_p50", "s_p90", "in_window_frac", "grad_frac")
-"""Per direction `<learner>/from/<source>/<stat>`: the cross rows of that source, the 10/50/90 % quantiles of their
-ratio s (linear interpolation, as numpy's default), the share inside the clip window ([lo_u, 1], not log-clamped)
-and the share with a non-zero gradient (inside the window and A ≠ 0)."""
+DIRECTION_STATS = ("rows", "s_p10", "s_p50", "s_p90", "in_window_frac", "grad_frac", "grad_pos_frac",
+                   "grad_neg_frac")
+"""Per direction `<learner>/from/<source>/<stat>`: the rows of that source in the learner's training view, the
+10/50/90 % quantiles of their ratio s (linear interpolation, as numpy's default), the share whose gradient no clip
+stops (HACPO's cross objective: inside [lo_u, 1], not log-clamped; rows trained as the learner's own, under the
+naive baselines: the PPO min takes the unclipped term), the share with a non-zero gradient (that, and A ≠ 0), and
+that share split by the sign of the advantage (A > 0: pulled up, A < 0: pushed down)."""
 
 
-def direction_metrics(learner: str, agents: Sequence[str], source: torch.Tensor, is_cross: torch.Tensor,
-                      outcome: RowOutcome) -> dict[str, float]:
-    """`{<learner>/from/<source>/<stat>: value}` for every other agent that sent this learner cross rows.
+def direction_metrics(learner: str, agents: Sequence[str], source: torch.Tensor, shared: torch.Tensor,
+                      outcome: RowOutcome, advantages: torch.Tensor) -> dict[str, float]:
+    """`{<learner>/from/<source>/<stat>: value}` for every other agent whose rows this learner trained on.
 
-    `source [N]`, `is_cross [N]`: the learner's `TrainingRows.source` / `.cross_objective`; `outcome`: what the
+    `source [N]`, `shared [N]`, `advantages [N]`: the learner's `TrainingRows.source`, `~TrainingRows.is_own` (rows
+    another agent sampled, whatever objective the algorithm gives them) and `.advantages`; `outcome`: what the
     trainer's loss saw on each row (`TrainMetrics.rows`), in the same order. Each row is trained once, at its
     update u, so s is the ratio that decided its gradient (algorithm.md §5).
     """
     ratio = torch.tensor(outcome.ratio, dtype=torch.float64)
     in_window = torch.tensor(outcome.in_window, dtype=torch.bool)
     gradient = torch.tensor(outcome.gradient, dtype=torch.bool)
-    if not (len(ratio) == len(source) == len(is_cross)):
+    if not (len(ratio) == len(source) == len(shared) == len(advantages)):
         raise ValueError(f"{len(ratio)} row outcomes for {len(source)} rows")
     out: dict[str, float] = {}
     for j, name in enumerate(agents):
         if name == learner:
             continue
-        rows = (source == j) & is_cross
+        rows = (source == j) & shared
         count = int(rows.sum())
         if count == 0:
             continue
         s = ratio[rows]
         p10, p50, p90 = torch.quantile(s, torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)).tolist()
+        live = gradient[rows]
+        sign = advantages[rows]
         values = {"rows": float(count), "s_p10": p10, "s_p50": p50, "s_p90": p90,
-                  "in_window_frac": float(in_window[rows].double().mean()),
-                  "grad_frac": float(gradient[rows].double().mean())}
+                  "in_window_frac": float(in_window[rows].double().mean()), "grad_frac": float(live.double().mean()),
+                  "grad_pos_frac": float((live & (sign > 0)).double().mean()),
+                  "grad_neg_frac": float((live & (sign < 0)).double().mean())}
         out.update({f"{learner}/from/{name}/{key}": value for key, value in values.items()})
     return out
 

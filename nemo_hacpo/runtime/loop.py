@@ -27,6 +27,8 @@ from nemo_hacpo.data.splits import load_split
 from nemo_hacpo.data.validation import apply_policy
 from nemo_hacpo.eval.paired import mcnemar_exact
 from nemo_hacpo.models.chat import prompt_length_issues
+from nemo_hacpo.planning.plan import startup_checks
+from nemo_hacpo.planning.preflight import check_agents, tokenizer_source
 from nemo_hacpo.reporting import markdown_table, read_metrics, write_curves
 from nemo_hacpo.rollout.outputs import GenerationResult, agent_rollouts, rollout_metrics
 from nemo_hacpo.rollout.sampling import call_base_seed
@@ -46,7 +48,6 @@ from nemo_hacpo.runtime.preemption import (
     install_preempt_handler,
     restore_preempt_handler,
 )
-from nemo_hacpo.runtime.preflight import check_agents, startup_checks, tokenizer_source
 from nemo_hacpo.runtime.run_checkpoint import (
     archive_previous_run,
     checkpoints,
@@ -270,9 +271,10 @@ class HacpoRun:
         for a, call in train_pending.items():
             trained = call.result()
             result = trained.flat()
-            if trained.rows is not None and result.get("num_cross"):  # per direction: s quantiles, gradient share
-                rows = brokered.rows[a]
-                metrics.update(direction_metrics(a, self.agents, rows.source, rows.cross_objective, trained.rows))
+            rows = brokered.rows[a]
+            if trained.rows is not None and not bool(rows.is_own.all()):  # per direction: s, gradient shares
+                metrics.update(direction_metrics(a, self.agents, rows.source, ~rows.is_own, trained.rows,
+                                                 rows.advantages))
             if not result.get("num_cross"):  # isolated modes: cross statistics over no rows are undefined
                 result = {k: v for k, v in result.items() if not k.startswith("cross_")}
             metrics.update({f"{a}/train/{k}": v for k, v in result.items()})

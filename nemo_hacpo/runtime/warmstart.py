@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nemo_hacpo.config import AgentConfig, ArithmeticNumbers, HacpoConfig
+from nemo_hacpo.config import AgentConfig, ArithmeticNumbers, HacpoConfig, WarmStartConfig
 from nemo_hacpo.data import problem_to_messages
-from nemo_hacpo.data.arithmetic import derive_seed, direct_answer, generate_problems, stopped_early
+from nemo_hacpo.data.arithmetic import derive_seed, direct_answer, generate_problems, narrated, stopped_early
 from nemo_hacpo.models.chat import render_prompt_ids
 from nemo_hacpo.reporting import format_duration
 
@@ -60,6 +60,12 @@ def warm_start_seed(agent: AgentConfig, cfg: HacpoConfig) -> int:
     return cfg.warmstart.seed + 1000 * index
 
 
+def agent_warm_start(agent: AgentConfig, cfg: HacpoConfig) -> WarmStartConfig:
+    """The warm start of one agent: the run's `warmstart` with the agent's own overrides (`agents[i].warmstart`)."""
+    overrides = {key: value for key, value in dataclasses.asdict(agent.warmstart).items() if value is not None}
+    return dataclasses.replace(cfg.warmstart, **overrides)
+
+
 def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
     optimizer = dataclasses.asdict(agent.optimizer)
     for unused in ("lr", "min_lr", "lr_warmup_steps", "lr_decay_style"):  # the warm start sets its own schedule
@@ -67,7 +73,7 @@ def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
     optimizer.pop("checkpoint_format")  # how a checkpoint is written does not shape the weights
     shaping = {"model": dataclasses.asdict(agent.model), "tokenizer": dataclasses.asdict(agent.tokenizer),
                "lengths": [agent.max_prompt_length, agent.max_response_length], "optimizer": optimizer,
-               "warmstart": dataclasses.asdict(cfg.warmstart), "system_prompt": cfg.data.system_prompt,
+               "warmstart": dataclasses.asdict(agent_warm_start(agent, cfg)), "system_prompt": cfg.data.system_prompt,
                "tokenizer_files": _tokenizer_fingerprint(agent), "init_seed": warm_start_seed(agent, cfg),
                "version": 2}  # 2: one-pass sft objective
     levels, numbers = warm_start_task(cfg)
@@ -75,8 +81,8 @@ def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
         shaping["task"] = {"levels": list(levels), "numbers": dataclasses.asdict(numbers)}
     for unused in ("cache_dir", "progress_interval"):  # where it is kept and how it reports do not shape it
         shaping["warmstart"].pop(unused)
-    for added in ("direct_answer_fraction", "stop_early_fraction"):  # added later: all-worked warm starts keep
-        if not shaping["warmstart"][added]:  # their cached keys
+    for added in ("direct_answer_fraction", "stop_early_fraction", "narrated_fraction"):
+        if not shaping["warmstart"][added]:  # added later: warm starts without them keep their cached keys
             shaping["warmstart"].pop(added)
     return hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -86,8 +92,8 @@ def warm_start_dir(agent: AgentConfig, cfg: HacpoConfig) -> Path:
 
 
 def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
-    """`{agent: hf_dir}` of every tiny agent's warm-started checkpoint, training the missing ones."""
-    ws = cfg.warmstart
+    """`{agent: hf_dir}` of every tiny agent's warm-started checkpoint, training the missing ones (side by side,
+    each with its own corpus and number of steps: `agent_warm_start`)."""
     todo, done = [], {}
     for agent in cfg.agents:
         if agent.model.source != "tiny":
@@ -100,29 +106,35 @@ def ensure_warm_start(cfg: HacpoConfig) -> dict[str, str]:
             todo.append((agent, target))
     if not todo:
         return done
-    prompts, solutions = warm_start_corpus(cfg)
+    settings = [agent_warm_start(agent, cfg) for agent, _ in todo]
+    corpora = [warm_start_corpus(cfg, agent) for agent, _ in todo]
+    total = max(ws.steps for ws in settings)
     groups = []
     try:
         groups = _sft_groups(cfg, [agent for agent, _ in todo])
         start = time.perf_counter()
-        print(f"[warmstart] {len(groups)} agent(s), {ws.steps} steps × {ws.batch_size} worked solutions each",
-              flush=True)
+        steps = sorted({ws.steps for ws in settings})
+        print(f"[warmstart] {len(groups)} agent(s), {' / '.join(map(str, steps))} steps × "
+              f"{cfg.warmstart.batch_size} worked solutions each", flush=True)
         all_losses: list[list[float]] = [[] for _ in groups]
-        chunk = max(1, min(ws.progress_interval, ws.steps))
-        for first in range(0, ws.steps, chunk):
-            n = min(chunk, ws.steps - first)
-            data = (prompts, solutions) if first == 0 else (None, None)
-            pending = [group.sft(*data, n, ws.batch_size, ws.seed, first) for group in groups]
-            for call, losses in zip(pending, all_losses, strict=True):
+        chunk = max(1, min(cfg.warmstart.progress_interval, total))
+        for first in range(0, total, chunk):
+            pending = []
+            for group, ws, corpus, losses in zip(groups, settings, corpora, all_losses, strict=True):
+                n = min(chunk, ws.steps - first)
+                if n > 0:
+                    data = corpus if first == 0 else (None, None)
+                    pending.append((group.sft(*data, n, ws.batch_size, ws.seed, first), losses))
+            for call, losses in pending:
                 losses.extend(call.result())
-            done_steps = first + n
+            done_steps = min(first + chunk, total)
             elapsed = time.perf_counter() - start
             rate = elapsed / done_steps
             nll = " | ".join(f"{agent.name} nll {_tail_mean(losses):.3f}"
                              for (agent, _), losses in zip(todo, all_losses, strict=True))
-            print(f"[warmstart] step {done_steps}/{ws.steps} | {nll} | {rate:.2f} s/step | "
-                  f"ETA {format_duration(rate * (ws.steps - done_steps))}", flush=True)
-        for group, losses, (agent, target) in zip(groups, all_losses, todo, strict=True):
+            print(f"[warmstart] step {done_steps}/{total} | {nll} | {rate:.2f} s/step | "
+                  f"ETA {format_duration(rate * (total - done_steps))}", flush=True)
+        for group, ws, losses, (agent, target) in zip(groups, settings, all_losses, todo, strict=True):
             tmp = target.with_name(target.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             group.save_hf(str(tmp)).result()
@@ -145,12 +157,15 @@ def warm_start_task(cfg: HacpoConfig) -> tuple[tuple[int, ...], ArithmeticNumber
     return (train.levels, train.numbers) if train.source == "arithmetic" else ((1, 2, 3), ArithmeticNumbers())
 
 
-def warm_start_corpus(cfg: HacpoConfig) -> tuple[list, list[str]]:
-    """`(prompts, solutions)` of the warm start: `warmstart.num_problems` generated training problems, worked out
-    except for two seeded shares — `direct_answer_fraction` of all problems answered directly (`The answer is
-    \\boxed{N}`), and `stop_early_fraction` of the problems with ≥ 2 operations stopped after the first one
-    (`arithmetic.stopped_early`); a problem gets at most one of the two."""
-    ws = cfg.warmstart
+def warm_start_corpus(cfg: HacpoConfig, agent: AgentConfig | None = None) -> tuple[list, list[str]]:
+    """`(prompts, solutions)` of an agent's warm start (`agent_warm_start`; None: the run's `warmstart`):
+    `warmstart.num_problems` generated training problems, worked out except for two seeded shares of habits —
+    `direct_answer_fraction` of all problems answered directly (`The answer is \\boxed{N}`), and
+    `stop_early_fraction` of the problems with ≥ 2 operations stopped after the first one
+    (`arithmetic.stopped_early`); a problem gets at most one of the two — and, independently of them, a seeded
+    share `narrated_fraction` of the worked and stopped-early solutions written in the narrated style
+    (`arithmetic.narrated`). The problems and the prompts are the same for every agent."""
+    ws = cfg.warmstart if agent is None else agent_warm_start(agent, cfg)
     levels, numbers = warm_start_task(cfg)
     problems = generate_problems("train", ws.num_problems, seed=ws.seed, levels=levels, numbers=numbers)
     rng = random.Random(derive_seed("answer-styles", ws.seed))
@@ -158,22 +173,31 @@ def warm_start_corpus(cfg: HacpoConfig) -> tuple[list, list[str]]:
     direct = set(order[:round(ws.direct_answer_fraction * len(problems))])
     multi = [i for i in order if i not in direct and problems[i].level > 1]
     early = set(multi[:round(ws.stop_early_fraction * sum(p.level > 1 for p in problems))])
-    styled = {i: direct_answer(p) if i in direct else stopped_early(p) if i in early else p.solution
-              for i, p in enumerate(problems)}
+    # the narrated share has its own order, so adding it leaves the two habits' shares exactly as they were
+    told = set(random.Random(derive_seed("narrated", ws.seed)).sample(
+        range(len(problems)), round(ws.narrated_fraction * len(problems))))
+
+    def styled(i: int, problem) -> str:
+        if i in direct:
+            return direct_answer(problem)
+        if i in told:
+            return narrated(problem, stop_early=i in early)
+        return stopped_early(problem) if i in early else problem.solution
+
     prompts = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
-    return prompts, [styled[i] for i in range(len(problems))]
+    return prompts, [styled(i, p) for i, p in enumerate(problems)]
 
 
 def _sft_groups(cfg: HacpoConfig, agents: list[AgentConfig]) -> list:
     """One trainer group per agent, set up for its warm start (its own seed, the warm start's lr schedule over
-    `warmstart.steps`), started and ready."""
+    its own steps), started and ready."""
     from nemo_hacpo.runtime.groups import AgentGroup, start_ray
 
-    ws = cfg.warmstart
     start_ray(cfg)
     groups = []
     try:
         for agent in agents:
+            ws = agent_warm_start(agent, cfg)
             sft_agent = dataclasses.replace(agent, optimizer=dataclasses.replace(
                 agent.optimizer, lr=ws.lr, min_lr=0.0, lr_warmup_steps=min(20, ws.steps // 10), lr_decay_style="cosine"))
             groups.append(AgentGroup(sft_agent, seed=warm_start_seed(agent, cfg), keep_reference=False,
@@ -197,12 +221,11 @@ def warm_start_probe(cfg: HacpoConfig, steps: int) -> dict[str, list[float]]:
     agents = [agent for agent in cfg.agents if agent.model.source == "tiny"]
     if not agents:
         return {}
-    ws = cfg.warmstart
-    steps = min(steps, ws.steps)
-    prompts, solutions = warm_start_corpus(cfg)
+    settings = [agent_warm_start(agent, cfg) for agent in agents]
     groups = _sft_groups(cfg, agents)
     try:
-        pending = [group.sft(prompts, solutions, steps, ws.batch_size, ws.seed, 0) for group in groups]
+        pending = [group.sft(*warm_start_corpus(cfg, agent), min(steps, ws.steps), ws.batch_size, ws.seed, 0)
+                   for group, agent, ws in zip(groups, agents, settings, strict=True)]
         return {agent.name: list(call.result()) for agent, call in zip(agents, pending, strict=True)}
     finally:
         for group in groups:

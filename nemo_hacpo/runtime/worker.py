@@ -240,7 +240,7 @@ class AgentRank:
         """
         from nemo_hacpo.models.architecture import model_arch
         from nemo_hacpo.models.tokenizers import load_tokenizer
-        from nemo_hacpo.runtime.preflight import tokenizer_source
+        from nemo_hacpo.planning.preflight import tokenizer_source
         from nemo_hacpo.training import MegatronTrainer, init_distributed
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

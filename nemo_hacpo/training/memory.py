@@ -19,7 +19,7 @@ references stay the same, so nothing else has to know. The code is the same on C
 "device" storage is host memory too, and shrinking it really frees it, which is what the tests measure.
 
 Host memory on CUDA: each pinned copy is a block of torch's host caching allocator, rounded up to a power of two
-and kept cached after `restore()` frees it (the next `offload()` reuses it). `runtime.plan_host` counts these
+and kept cached after `restore()` frees it (the next `offload()` reuses it). `planning.host_memory` counts these
 blocks per node; the checkpoint save empties that cache around its write (`trainer_checkpoint.release_host_cache`).
 """
 

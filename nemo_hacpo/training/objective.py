@@ -62,6 +62,9 @@ class Objective:
     """sequence: clamp of |log s|."""
     cross_clip: bool = True
     """sequence: clip cross rows to [lo_u, 1] (False: the "no cross clip" ablation)."""
+    learner_old_logprob: bool = False
+    """sequence: other agents' rows take the learner's own m_old, computed at the weights the step starts from
+    (`Algorithm.cross_old_logprob == "learner"`), instead of the source's that the broker put in the rows."""
     token_eps_low: float = 0.2
     """token: PPO clip ε_low."""
     token_eps_high: float = 0.28
@@ -81,7 +84,9 @@ class Objective:
         return cls(loss=algorithm(algo.name).loss, updates_per_step=algo.updates_per_step, kl_coef=algo.kl_coef,
                    alpha=algo.alpha, delta=algo.delta, delta_step=algo.delta_step, eps_low=algo.eps_low,
                    eps_high=algo.eps_high, max_abs_log_ratio=algo.max_abs_log_ratio,
-                   cross_clip=algo.ablation.cross_clip, token_eps_low=algo.grpo_eps_low,
+                   cross_clip=algo.ablation.cross_clip,
+                   learner_old_logprob=algorithm(algo.name).cross_old_logprob == "learner",
+                   token_eps_low=algo.grpo_eps_low,
                    token_eps_high=algo.grpo_eps_high, token_agg=algo.grpo_loss_agg)
 
     @classmethod

@@ -403,12 +403,24 @@ class MegatronTrainer:
         with on_device:  # an offloaded reference visits the device for this forward only
             return self._forward_logprobs(model, token_ids, response_mask, per_token=True)
 
+    def _own_old_logprobs(self, rows: TrainingRows) -> TrainingRows:
+        """The rows with the learner's own m_old on every row it did not sample (computed now, at the weights the
+        step starts from, on the learner's tokens: so the length scale is 1) — other agents' responses pooled into
+        one on-policy batch (`naive_onpolicy`, algorithm.md §8)."""
+        shared = (~rows.is_own).nonzero().flatten().tolist()
+        m_learner = self.compute_mean_logprobs([rows.token_ids[i] for i in shared],
+                                               [rows.response_mask[i] for i in shared])
+        old, scale = rows.old_mean_logprob.clone(), rows.ratio_length_scale.clone()
+        old[shared], scale[shared] = m_learner.to(old), 1.0
+        return rows.replace(old_mean_logprob=old, ratio_length_scale=scale)
+
     def train_step(self, rows: TrainingRows, objective: Objective, step: int) -> TrainMetrics:
         """`M = objective.updates_per_step` optimizer updates over the rows, in order (algorithm.md §6).
 
         Rows are cut into M consecutive mini-batches; update u uses the stepwise cross clip bound lo_u. When the
         loss needs old token log-probs (token level) and the rows do not carry them, they are computed first, at
-        the weights the step starts from (the sampling weights); with β > 0 the reference token log-probs too.
+        the weights the step starts from (the sampling weights); with β > 0 the reference token log-probs too; and
+        under `objective.learner_old_logprob` the learner's own m_old of the other agents' rows.
 
         Returns the same `TrainMetrics` on every rank (see its fields).
         """
@@ -417,6 +429,9 @@ class MegatronTrainer:
             raise ValueError("kl_coef > 0 needs a reference model: build the trainer with reference_model=True")
         lengths = [len(row) - 1 for row in rows.token_ids]
         forward_passes = 0
+        if objective.learner_old_logprob and not bool(rows.is_own.all()):
+            rows = self._own_old_logprobs(rows)
+            forward_passes += 1
         if objective.token_level and rows.old_token_logprobs is None:
             rows = rows.replace(old_token_logprobs=self.compute_token_logprobs(rows.token_ids, rows.response_mask))
             forward_passes += 1

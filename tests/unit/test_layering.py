@@ -11,6 +11,7 @@ The layers, bottom to top (a package may import any package of a lower layer, no
     broker                    trajectories, re-encoding, every learner's rows
     training, rollout         the Megatron trainer; the vLLM engine
     eval                      evaluating a model through an engine
+    planning                  the plan (memory per phase, host RAM), pre-flight checks: no Ray
     runtime                   Ray workers, the step loop, checkpoints, the warm start
 """
 
@@ -24,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "nemo_hacpo"
 LAYERS = (("reporting",), ("algo",), ("config",), ("data", "rewards"), ("models",), ("broker",),
-          ("training", "rollout"), ("eval",), ("runtime",))
+          ("training", "rollout"), ("eval",), ("planning",), ("runtime",))
 LAYER_OF = {name: level for level, names in enumerate(LAYERS) for name in names}
 MAX_LINES = 600
 
@@ -69,6 +70,16 @@ def test_imports_run_downward():
     upward = {f"{source} → {target}": files for (source, target), files in _edges().items()
               if target != "nemo_hacpo" and LAYER_OF[target] >= LAYER_OF[source]}
     assert not upward, f"imports that do not run to a lower layer: {upward}"
+
+
+def test_planning_runs_without_ray():
+    """`--plan` and the start-up checks are functions of the config and the architectures: nothing in planning/
+    imports Ray (or the runtime, by the layers above), so a plan runs on a login node without a cluster."""
+    for path in sorted((PACKAGE / "planning").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        assert not {n for n in names if n == "ray" or n.startswith("ray.")}, path
 
 
 def test_the_check_sees_lazy_imports(tmp_path):

@@ -142,6 +142,37 @@ def test_cross_row_above_one_has_exactly_zero_gradient(world: None) -> None:
         trainer.close()
 
 
+def test_naive_onpolicy_trains_shared_rows_from_the_learners_own_old_logprob(world: None) -> None:
+    """`naive_onpolicy`: the trainer replaces the source's m_old of every row the learner did not sample by its own
+    (and the length scale by 1) before the first update, so the update equals `naive` on rows whose m_old is the
+    learner's — and differs from `naive` on the source's (the cross rows' m_old sit 0.3 … −0.5 nats away)."""
+    trainer = _trainer(_sgd(1.0))
+    try:
+        rows = _rows(trainer)
+        learner_m = mean_logprobs(trainer, rows)
+        scale = torch.where(rows.is_own, 1.0, 1.25)
+        shared = rows.replace(cross_objective=torch.zeros(len(rows), dtype=torch.bool), ratio_length_scale=scale)
+        initial = {name: value.clone() for name, value in trainer.module.state_dict().items()
+                   if isinstance(value, torch.Tensor)}
+
+        def update_of(variant, name: str) -> dict[str, torch.Tensor]:
+            trainer.module.load_state_dict(initial, strict=False)
+            metrics = train(trainer, variant, AlgoConfig(name=name, updates_per_step=1, kl_coef=0.0), step=0)
+            return {n: initial[n] - w for n, w in _weights(trainer).items()}, metrics
+
+        onpolicy, metrics = update_of(shared, "naive_onpolicy")
+        assert torch.equal(shared.old_mean_logprob, rows.old_mean_logprob)  # the caller's rows stay untouched
+        assert metrics["self_ratio_mean"] == pytest.approx(1.0, abs=1e-6)  # every row at ratio 1 at u = 0
+        as_if_own, _ = update_of(shared.replace(old_mean_logprob=learner_m.float(),
+                                                ratio_length_scale=torch.ones(len(rows))), "naive")
+        source_m, _ = update_of(shared, "naive")
+        for name, update in onpolicy.items():
+            torch.testing.assert_close(update, as_if_own[name], rtol=0, atol=1e-6)
+        assert any(not torch.allclose(source_m[n], u, rtol=0, atol=1e-4) for n, u in onpolicy.items())
+    finally:
+        trainer.close()
+
+
 def test_update_index_sets_the_stepwise_cross_clip(world: None) -> None:
     """M = 4 over 16 rows: self rows in updates 0–1, cross rows 8–11 in update 2 (lo = 0.85) and 12–15 in
     update 3 (lo = 0.875). s = 1.35, 0.95, 0.90, 0.61 | 1.05, 0.86, 0.74, 0.98 (lr 1e-6 barely moves them):

@@ -24,6 +24,7 @@ def _load(name: str):
 
 se = _load("sample_efficiency")
 smollm = _load("smollm")
+stats = _load("study_stats")
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -45,10 +46,10 @@ def test_mean_std_is_the_sample_std():
 
 
 def test_t_critical_values():
-    assert se.t_critical_95(2) == 4.303
-    assert se.t_critical_95(30) == 2.042
-    assert se.t_critical_95(31) == 1.96
-    assert math.isnan(se.t_critical_95(0))
+    assert stats.t_critical_95(2) == 4.303
+    assert stats.t_critical_95(30) == 2.042
+    assert stats.t_critical_95(31) == 1.96
+    assert math.isnan(stats.t_critical_95(0))
 
 
 def test_paired_difference_uses_common_seeds_only():
@@ -61,6 +62,9 @@ def test_paired_difference_uses_common_seeds_only():
     assert diff.t == pytest.approx(math.sqrt(3))  # 0.1 / (0.1 / √3)
     assert not diff.significant  # √3 < 4.303 (df = 2)
     assert (diff.wins, diff.losses) == (2, 0)
+    # 95 % interval: 0.1 ± 4.303 · 0.1 / √3 = 0.1 ± 0.24843 — it covers 0, as the test says
+    assert diff.interval_95 == pytest.approx((0.1 - 0.248434, 0.1 + 0.248434), rel=1e-5)
+    assert all(math.isnan(v) for v in se.paired_difference({0: 0.3}, {0: 0.1}).interval_95)
 
 
 def test_paired_difference_significant_and_degenerate_cases():
@@ -82,10 +86,10 @@ def test_finite_or_none():
 
 
 def test_format_pm():
-    assert se.format_pm(0.2, 0.1) == "0.200 ± 0.100"
-    assert se.format_pm(0.5, math.nan) == "0.500 ± n/a"
-    assert se.format_pm(math.nan, math.nan) == "-"
-    assert se.format_pm(-0.0125, 0.25, digits=2) == "-0.01 ± 0.25"
+    assert stats.format_pm(0.2, 0.1) == "0.200 ± 0.100"
+    assert stats.format_pm(0.5, math.nan) == "0.500 ± n/a"
+    assert stats.format_pm(math.nan, math.nan) == "-"
+    assert stats.format_pm(-0.0125, 0.25, digits=2) == "-0.01 ± 0.25"
 
 
 # ------------------------------------------------------------------------------------------ metrics
@@ -303,6 +307,23 @@ def test_first_reaching_and_threshold_rows():
     assert hacpo["steps_mean"] == 7.5 and hacpo["rollouts_mean"] == 240.0  # (10 + 5) / 2, (320 + 160) / 2
     assert hacpo["rollouts_std"] == pytest.approx(math.sqrt(2 * 80.0 ** 2))  # sample std of (320, 160)
     assert math.isnan(rows[0]["steps_mean"])  # no seed reached it: nothing to average
+
+
+def test_per_agent_thresholds():
+    """`--threshold llama=0.6,qwen=0.3`: each agent against its own level; an agent without one gets no row."""
+    assert se.parse_thresholds("0.55") == {"*": 0.55}
+    assert se.parse_thresholds("a=0.6,b=0.3") == {"a": 0.6, "b": 0.3}
+    with pytest.raises(ValueError, match="agent=0.55"):
+        se.parse_thresholds("a=0.6,=0.3")
+    curve = ((0, 0.0, 0.2), (5, 160.0, 0.35), (10, 320.0, 0.62))
+    both = {"a": se.AgentOutcome(0.2, 0.62, 320.0, 320.0, curve), "b": se.AgentOutcome(0.2, 0.62, 320.0, 320.0, curve),
+            "c": se.AgentOutcome(0.2, 0.62, 320.0, 320.0, curve)}
+    runs = [se.RunResult("hacpo", 0, 10, 4, 1.0, both)]
+    rows = se.threshold_rows(runs, ["hacpo"], {"a": 0.6, "b": 0.3})
+    assert [(r["agent"], r["threshold"], r["steps_mean"], r["rollouts_mean"]) for r in rows] == [
+        ("a", 0.6, 10.0, 320.0), ("b", 0.3, 5.0, 160.0)]
+    markdown = se.results_markdown([], [], [], "cmd", [], rows, [])
+    assert "accuracy ≥ each agent's threshold" in markdown and "| a | hacpo | 0.6 | 1/1 |" in markdown
 
 
 def test_pooled_mcnemar_counts_discordant_problems_of_every_seed():

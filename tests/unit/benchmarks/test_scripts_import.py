@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = sorted(p for p in (ROOT / "benchmarks").glob("*.py"))
-LIBRARIES = ("smollm", "study_stats")
+LIBRARIES = ("smollm", "study_report", "study_stats")
 """Sibling modules the scripts import; they run nothing, so they need no `__main__` guard."""
 
 

@@ -79,7 +79,8 @@ def test_spec_defaults():
 
 
 @pytest.mark.parametrize(("algo", "updates", "shares", "per_prompt"), [
-    ("hacpo", 4, True, 4), ("naive", 4, True, 4), ("gspo", 2, False, 4), ("gspo_x2", 4, False, 8), ("grpo", 2, False, 4),
+    ("hacpo", 4, True, 4), ("naive", 4, True, 4), ("naive_onpolicy", 4, True, 4), ("gspo", 2, False, 4),
+    ("gspo_x2", 4, False, 8), ("grpo", 2, False, 4),
 ])
 def test_algo_presets(algo, updates, shares, per_prompt):
     cfg = load_config("pair_tiny_gpt", [f"algo={algo}"])
@@ -87,13 +88,14 @@ def test_algo_presets(algo, updates, shares, per_prompt):
     assert cfg.algo.algorithm.shares_rollouts is shares
     assert cfg.algo.samples_per_prompt == per_prompt  # pair_tiny_gpt: G = 4
     # B=8, G=4, n=2: 64 per learner when sharing, 32 alone, 64 with 2G alone
-    assert cfg.algo.sequences_per_learner(2) == {"hacpo": 64, "naive": 64, "gspo": 32, "gspo_x2": 64, "grpo": 32}[algo]
+    assert cfg.algo.sequences_per_learner(2) == {"hacpo": 64, "naive": 64, "naive_onpolicy": 64, "gspo": 32, "gspo_x2": 64,
+                                               "grpo": 32}[algo]
 
 
 def test_an_unknown_algorithm_is_named_with_the_choices():
     err = _error(["algo.name=ppo"])
     assert [issue.key for issue in err.issues] == ["algo.name"]
-    assert "unknown algorithm 'ppo'" in str(err) and "['grpo', 'gspo', 'gspo_x2', 'hacpo', 'naive']" in str(err)
+    assert "unknown algorithm 'ppo'" in str(err) and "['grpo', 'gspo', 'gspo_x2', 'hacpo', 'naive', 'naive_onpolicy']" in str(err)
 
 
 def test_ablation_switches_only_remove_mechanisms():
@@ -471,7 +473,7 @@ def test_the_shipped_tiny_configs_are_the_documented_ones():
 def test_every_tiny_config_warm_starts_and_passes_the_start_up_checks(name):
     """Random tiny models earn no reward: a tiny config without a warm start cannot learn (trio_tiny once had
     none: every reward 0, ω stuck at 1). Each also passes the checks that run before the warm start."""
-    from nemo_hacpo.runtime.preflight import check_agents
+    from nemo_hacpo.planning.preflight import check_agents
 
     cfg = load_config(name)
     assert all(a.model.source == "tiny" for a in cfg.agents) and cfg.warmstart.enabled

@@ -15,6 +15,7 @@ from fractions import Fraction
 import pytest
 
 from nemo_hacpo.config import ArithmeticNumbers
+from nemo_hacpo.data import MathProblem
 from nemo_hacpo.data.arithmetic import (
     DEFAULT_SEEDS,
     ERROR_KINDS,
@@ -24,6 +25,7 @@ from nemo_hacpo.data.arithmetic import (
     derive_seed,
     direct_answer,
     generate_problems,
+    narrated,
     split_of_question,
     stopped_early,
 )
@@ -272,3 +274,35 @@ def test_stopped_early_gives_the_first_result_as_the_answer():
     assert classify_response(problem.solution, early) == "steps"  # one operation line where three belong
     one = next(p for p in generate_problems("train", 50, seed=2) if p.level == 1)
     assert stopped_early(one) == one.solution  # with one operation, stopping after it is the whole solution
+
+
+def test_narrated_writes_each_operation_s_sentence_before_its_equation():
+    problem = MathProblem(
+        id="x", question="Lily has 8 stickers. She buys 2 more. Then she sells 4 of them. How many stickers does "
+                         "Lily have now?", answer="6", level=2,
+        solution="Lily starts with 8 stickers.\n8 + 2 = 10\n10 - 4 = 6\nThe answer is \\boxed{6}")
+    assert narrated(problem) == ("Lily starts with 8 stickers.\nShe buys 2 more.\n8 + 2 = 10\n"
+                                 "Then she sells 4 of them.\n10 - 4 = 6\nThe answer is \\boxed{6}")
+    assert narrated(problem, stop_early=True) == ("Lily starts with 8 stickers.\nShe buys 2 more.\n8 + 2 = 10\n"
+                                                  "The answer is \\boxed{10}")
+    one = MathProblem(id="y", question="Tom owns 5 candies and splits his candies into 5 equal groups and keeps one "
+                                       "group. How many candies does Tom have now?", answer="1", level=1,
+                      solution="Tom starts with 5 candies.\n5 / 5 = 1\nThe answer is \\boxed{1}")
+    assert narrated(one) == ("Tom starts with 5 candies.\nHe splits his candies into 5 equal groups and keeps one "
+                             "group.\n5 / 5 = 1\nThe answer is \\boxed{1}")
+
+
+def test_narrated_reads_every_generated_problem_and_refuses_other_text():
+    for problem in generate_problems("train", 400, seed=3, levels=(1, 2, 3, 4)):
+        text = narrated(problem)
+        lines = text.split("\n")
+        assert len(lines) == 2 + 2 * problem.level and lines[-1] == problem.solution.split("\n")[-1]
+        assert lines[2::2] == problem.solution.split("\n")[1:-1]  # the equations, in order
+        if problem.level > 1:  # the story's own sentences, verbatim
+            assert all(sentence in problem.question for sentence in lines[1::2][:-1])
+    bad = MathProblem(id="z", question="What is 2 + 2?", answer="4", level=1,
+                      solution="Tom starts with 2 apples.\n2 + 2 = 4\nThe answer is \\boxed{4}")
+    with pytest.raises(ValueError, match="not a generated arithmetic question"):
+        narrated(bad)
+    with pytest.raises(ValueError, match="not a generated arithmetic solution"):
+        narrated(MathProblem(id="w", question="q", answer="4", solution="The answer is \\boxed{4}"))

@@ -166,7 +166,7 @@ def test_engines_of_a_node_get_their_own_cores(llama_agent, tmp_path, monkeypatc
 
 
 def test_auto_engine_memory_on_cpu_is_the_default_and_on_cuda_must_be_resolved_first(llama_agent, tmp_path):
-    """`gpu_memory_utilization: auto` is sized by the plan next to the trainer (`runtime.plan.startup_plan`); an
+    """`gpu_memory_utilization: auto` is sized by the plan next to the trainer (`planning.plan.startup_plan`); an
     engine given `auto` on CUDA would be handed a string by vLLM: refused with what to do. CPU: 0.5, capped."""
     auto = dataclasses.replace(llama_agent, rollout=dataclasses.replace(llama_agent.rollout,
                                                                         gpu_memory_utilization="auto"))

@@ -49,7 +49,9 @@ def test_direction_metrics_hand_computed():
     ratio = (1.0, 1.0, 0.5, 0.9, 0.1, 0.95, 1.2, 0.85, 0.85, 0.3, 0.99)
     in_window = (True, True, False, True, False, True, False, True, True, False, True)
     gradient = (True, False, False, True, False, False, False, True, True, False, True)  # a's 0.95 row: A = 0
-    out = direction_metrics("b", ["a", "b", "c"], source, is_cross, RowOutcome(ratio, in_window, gradient))
+    advantages = torch.tensor([1.0, -1.0, 0.5, 0.5, -0.5, 0.0, 1.0, -2.0, 1.0, 1.0, 0.3])
+    out = direction_metrics("b", ["a", "b", "c"], source, is_cross, RowOutcome(ratio, in_window, gradient),
+                            advantages)
     # from a: s sorted [0.1, 0.5, 0.9, 0.95, 1.2]; p10 at position 0.4 → 0.1 + 0.4·0.4 = 0.26; p50 = 0.9;
     #   p90 at position 3.6 → 0.95 + 0.6·0.25 = 1.1; in window 2/5, with gradient 1/5
     assert out["b/from/a/rows"] == 5.0
@@ -59,9 +61,13 @@ def test_direction_metrics_hand_computed():
     #   0.7·0.14 = 0.948; 3 of 4 in the window and with gradient
     assert (out["b/from/c/s_p10"], out["b/from/c/s_p50"], out["b/from/c/s_p90"]) == pytest.approx((0.465, 0.85, 0.948))
     assert out["b/from/c/grad_frac"] == pytest.approx(0.75) and out["b/from/c/rows"] == 4.0
+    # the rows with gradient by the sign of A: from a the 0.9 row (A = 0.5); from c 0.85 (A = −2), 0.85 and 0.99
+    assert (out["b/from/a/grad_pos_frac"], out["b/from/a/grad_neg_frac"]) == pytest.approx((0.2, 0.0))
+    assert (out["b/from/c/grad_pos_frac"], out["b/from/c/grad_neg_frac"]) == pytest.approx((0.5, 0.25))
     assert not any(k.startswith("b/from/b/") for k in out)  # own rows are no direction
     with pytest.raises(ValueError, match="row outcomes"):
-        direction_metrics("b", ["a", "b", "c"], source[:3], is_cross[:3], RowOutcome(ratio, in_window, gradient))
+        direction_metrics("b", ["a", "b", "c"], source[:3], is_cross[:3], RowOutcome(ratio, in_window, gradient),
+                          advantages[:3])
 
 
 def test_direction_table_and_plot(tmp_path):

@@ -391,3 +391,71 @@ def test_refit_hands_cached_memory_back_before_each_engine_wake(tmp_path, monkey
     assert rank.refit() == "stats"
     assert events == ["empty_cache", "wake weights", "export", "load model.norm.weight", "empty_cache",
                       "wake kv_cache"]
+
+
+def test_an_agents_own_warm_start_changes_only_its_key_and_leaves_the_default_keys_alone():
+    """`agents[i].warmstart` overrides the run's warm start for that agent: its key (another checkpoint) and its
+    settings change; the other agent's and every agent without overrides keep the keys they had — the pinned
+    pair_tiny keys are those the default run's cache was written under."""
+    from nemo_hacpo.runtime.warmstart import agent_warm_start
+
+    base = load_config("pair_tiny")
+    assert [warm_start_key(a, base) for a in base.agents] == ["b139c83431f9", "a7048e1c61cc"]
+    for override, field, value in (("steps=100", "steps", 100), ("narrated_fraction=1.0", "narrated_fraction", 1.0),
+                                   ("stop_early_fraction=0.1", "stop_early_fraction", 0.1)):
+        cfg = load_config("pair_tiny", [f"agents.1.warmstart.{override}"])
+        assert getattr(agent_warm_start(cfg.agents[1], cfg), field) == value
+        assert agent_warm_start(cfg.agents[0], cfg) == cfg.warmstart == base.warmstart
+        assert warm_start_key(cfg.agents[0], cfg) == "b139c83431f9"
+        assert warm_start_key(cfg.agents[1], cfg) != "a7048e1c61cc", override
+    # an override equal to the run's value is the same warm start
+    same = load_config("pair_tiny", ["agents.1.warmstart.steps=300"])
+    assert warm_start_key(same.agents[1], same) == "a7048e1c61cc"
+
+
+def test_warm_start_corpus_narrates_a_seeded_share_whatever_the_habits():
+    """`narrated_fraction` writes a seeded share of the solutions in the narrated style, drawn apart from the habits:
+    the stopped-early and direct problems are the same problems as without it, a stopped-early one stays stopped
+    early when narrated, and an agent's own narrated share leaves the other agent's corpus as it was."""
+    from nemo_hacpo.data.arithmetic import narrated, stopped_early
+    from nemo_hacpo.runtime.warmstart import warm_start_corpus
+
+    overrides = ["warmstart.num_problems=200", "warmstart.stop_early_fraction=0.6",
+                 "warmstart.direct_answer_fraction=0.1"]
+    plain_cfg = load_config("pair_tiny", overrides)
+    cfg = load_config("pair_tiny", [*overrides, "agents.1.warmstart.narrated_fraction=0.5"])
+    prompts, plain = warm_start_corpus(plain_cfg)
+    assert warm_start_corpus(cfg, cfg.agents[0]) == (prompts, plain)  # agent 0 has no override
+    prompts_1, told = warm_start_corpus(cfg, cfg.agents[1])
+    assert prompts_1 == prompts
+    changed = [i for i, (a, b) in enumerate(zip(plain, told, strict=True)) if a != b]
+    direct = {i for i, s in enumerate(plain) if "=" not in s}
+    narrated_ids = {i for i, s in enumerate(told) if "\n" in s and s.split("\n")[1].endswith(".")}  # a story line
+    assert set(changed) == narrated_ids and not narrated_ids & direct  # a direct answer has nothing to narrate
+    assert len(narrated_ids) == 100 - len(direct & _narrated_draw(200, 0.5, cfg.warmstart.seed))
+    from nemo_hacpo.data.arithmetic import generate_problems
+    problems = generate_problems("train", 200, seed=cfg.warmstart.seed, levels=cfg.data.train.levels,
+                                 numbers=cfg.data.train.numbers)
+    for i in changed:
+        early = plain[i] == stopped_early(problems[i]) and problems[i].level > 1
+        assert told[i] == narrated(problems[i], stop_early=early)
+
+
+def _narrated_draw(n: int, share: float, seed: int) -> set[int]:
+    import random
+
+    from nemo_hacpo.data.arithmetic import derive_seed
+    return set(random.Random(derive_seed("narrated", seed)).sample(range(n), round(share * n)))
+
+
+def test_an_agents_warm_start_overrides_are_checked_naming_the_agents_key():
+    from nemo_hacpo.config import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        load_config("pair_tiny", ["agents.1.warmstart.steps=0", "agents.1.warmstart.narrated_fraction=1.5",
+                                  "agents.0.warmstart.direct_answer_fraction=0.5"])
+    message = str(caught.value)
+    assert "agents[1].warmstart.steps" in message and "agents[1].warmstart.narrated_fraction" in message
+    # agent 0: 0.5 direct + the task's 0.6 stop-early exceeds 1
+    assert "agents[0].warmstart.stop_early_fraction" in message
+    assert "- warmstart." not in message  # the run's own settings are fine

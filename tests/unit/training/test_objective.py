@@ -34,7 +34,11 @@ def _objective(**algo) -> Objective:
 
 def test_objective_of_each_algorithm_follows_its_registry_entry() -> None:
     assert {name: Objective.of(AlgoConfig(name=name)).loss for name in ALGORITHMS} == {
-        "hacpo": "sequence", "naive": "sequence", "gspo": "sequence", "gspo_x2": "sequence", "grpo": "token"}
+        "hacpo": "sequence", "naive": "sequence", "naive_onpolicy": "sequence", "gspo": "sequence",
+        "gspo_x2": "sequence", "grpo": "token"}
+    # only naive_onpolicy gives other agents' rows the learner's own m_old (the trainer computes it)
+    assert {name for name in ALGORITHMS if Objective.of(AlgoConfig(name=name)).learner_old_logprob} == {
+        "naive_onpolicy"}
     hacpo = Objective.of(AlgoConfig(name="hacpo", alpha=3.0, delta=0.1, updates_per_step=2, kl_coef=0.01,
                                     ablation=AblationConfig(cross_clip=False)))
     assert (hacpo.alpha, hacpo.delta, hacpo.updates_per_step, hacpo.kl_coef, hacpo.cross_clip) == (3.0, 0.1, 2, 0.01,

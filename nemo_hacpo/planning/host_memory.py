@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from nemo_hacpo.config import AgentConfig, HacpoConfig
 from nemo_hacpo.models.architecture import ModelArch
-from nemo_hacpo.runtime.plan_model import (
+from nemo_hacpo.planning.gpu_memory import (
     DTYPE_BYTES,
     GIB,
     VLLM_GRAPH_POOLS_GIB,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from nemo_hacpo.config import ConfigError
-from nemo_hacpo.runtime.cuda_driver import check_cuda_driver, driver_verdict
+from nemo_hacpo.planning.cuda_driver import check_cuda_driver, driver_verdict
 
 
 @pytest.mark.parametrize(("kernel", "api", "ok", "warns"), [
@@ -40,7 +40,7 @@ def test_check_raises_naming_the_key_and_returns_warnings():
 
 
 def test_the_kernel_module_line_is_read_for_both_driver_flavours():
-    from nemo_hacpo.runtime.cuda_driver import kernel_module_version
+    from nemo_hacpo.planning.cuda_driver import kernel_module_version
 
     proprietary = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
     open_module = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  (dvs-builder@U16)\n"

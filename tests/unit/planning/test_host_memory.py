@@ -5,12 +5,12 @@ rank of host copies, the pinned offload buffers and vLLM's pinned backups went u
 from __future__ import annotations
 
 import pytest
+from tests.unit.planning.test_plan import LLAMA_PS, LLAMA_TOTAL, QWEN_PS
 
 from nemo_hacpo.config import ConfigError, load_config
 from nemo_hacpo.models.architecture import model_arch
-from nemo_hacpo.runtime.plan import format_plan, plan_run, startup_plan
-from nemo_hacpo.runtime.plan_host import agent_host, node_slots
-from tests.unit.runtime.test_plan import LLAMA_PS, LLAMA_TOTAL, QWEN_PS
+from nemo_hacpo.planning.host_memory import agent_host, node_slots
+from nemo_hacpo.planning.plan import format_plan, plan_run, startup_plan
 
 GIB = 1024**3
 # llama70b's busiest rank (tp=8, pp=4): pinned blocks are powers of two. fp32 (4 bytes): the embedding shard
@@ -73,7 +73,7 @@ def test_qwen8b_gathers_onto_dp_rank_0_only(large_env):
 
 
 def QWEN_PS_TENSORS():  # noqa: N802 - the busiest qwen8b rank's tensors, as the plan sees them
-    from nemo_hacpo.runtime.plan_model import stage_tensors
+    from nemo_hacpo.planning.gpu_memory import stage_tensors
 
     cfg, archs = _cfg()
     tensors = stage_tensors(archs[1], 2, 1)
@@ -82,7 +82,7 @@ def QWEN_PS_TENSORS():  # noqa: N802 - the busiest qwen8b rank's tensors, as the
 
 
 def pinned_bf16(tensors):
-    from nemo_hacpo.runtime.plan_model import pinned_gib
+    from nemo_hacpo.planning.gpu_memory import pinned_gib
 
     return pinned_gib(tensors, 2)
 

@@ -12,8 +12,8 @@ import pytest
 
 from nemo_hacpo.config import load_config
 from nemo_hacpo.models.architecture import arch_from_hf, model_arch
-from nemo_hacpo.runtime.plan import format_plan, parameter_counts, plan_agent, plan_run, total_parameters
-from nemo_hacpo.runtime.plan_model import H100_REPORTED_GIB, pinned_gib, pow2ceil, stage_tensors
+from nemo_hacpo.planning.gpu_memory import H100_REPORTED_GIB, pinned_gib, pow2ceil, stage_tensors
+from nemo_hacpo.planning.plan import format_plan, parameter_counts, plan_agent, plan_run, total_parameters
 
 GIB = 1024**3
 # llama70b at tp=8, pp=4 — one TP rank of stage 0: the padded embedding (128256 → 129024 rows, a multiple of

@@ -17,12 +17,9 @@ before the weights are copied) reports a missing vocabulary as a note and skips 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 from nemo_hacpo.config import AgentConfig, ConfigError, ConfigIssue, HacpoConfig
-
-logger = logging.getLogger(__name__)
 
 
 def tokenizer_source(agent: AgentConfig) -> str:
@@ -102,27 +99,3 @@ def check_agents(cfg: HacpoConfig, *, vocabulary_optional: bool = False) -> list
     if issues:
         raise ConfigError(issues)
     return notes or []
-
-
-def startup_checks(cfg: HacpoConfig) -> HacpoConfig:
-    """Before anything starts, on CUDA: the NVIDIA driver the container needs (`runtime.cuda_driver`) and the plan
-    (`runtime.plan.startup_plan`: every phase fits the GPUs and the nodes' host RAM, or one `ConfigError` naming
-    the keys). Returns the config with `rollout.gpu_memory_utilization: auto` resolved (CPU: 0.5)."""
-    from nemo_hacpo.runtime.plan import fp8_notes, startup_plan
-
-    if cfg.runtime.cluster.device == "cuda":
-        from nemo_hacpo.runtime.cuda_driver import check_cuda_driver
-
-        warning = check_cuda_driver()
-        if warning:
-            logger.warning(warning)
-    for note in fp8_notes(cfg):  # what the train/sample mismatch metric will show
-        logger.warning(note)
-    if cfg.runtime.cluster.device == "cuda" or any(a.rollout.gpu_memory_utilization == "auto" for a in cfg.agents):
-        check_agents(cfg)  # the plan reads the tokenizers and checkpoint configs
-        cfg, plan = startup_plan(cfg)
-        for p in plan.agents:
-            logger.info("plan: agent %s peaks at %.1f GiB per GPU (limit %.1f); vLLM gpu_memory_utilization %.2f, "
-                        "KV cache %.1f GiB (%d full-length sequences)", p.name, p.peak, p.limit, p.vllm_utilization,
-                        p.kv_cache, p.kv_cache_sequences)
-    return cfg

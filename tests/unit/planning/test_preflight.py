@@ -8,7 +8,7 @@ import pytest
 
 from nemo_hacpo.config import ConfigError, load_config
 from nemo_hacpo.models.tokenizers import load_tokenizer
-from nemo_hacpo.runtime.preflight import check_agents
+from nemo_hacpo.planning.preflight import check_agents
 
 
 def _hf_dir(tmp_path, vocab_size: int):

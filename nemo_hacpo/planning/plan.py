@@ -3,7 +3,7 @@ what cannot fit. The driver runs the same plan at start-up on CUDA (`startup_pla
 `rollout.gpu_memory_utilization: auto` from it and refuses a misfit naming the key.
 
 Per GPU of an agent's busiest rank, in GiB (P_s = the busiest stage's parameters on one TP rank; the constants
-and their sources are in `plan_model`):
+and their sources are in `gpu_memory`):
 
     fixed        CUDA contexts (CUDA_CONTEXT_GIB × 2 processes when colocated: the trainer and a vLLM worker)
                  + NCCL (NCCL_COMMUNICATOR_GIB × the trainer's communicators, + 1 for a vLLM TP group)
@@ -11,7 +11,7 @@ and their sources are in `plan_model`):
     gradients    P_s · 4                                  (fp32 main-grad buffers)
     optimizer    P_s · (8 + 4·[dtype ≠ fp32]) / DP_opt    (Adam m, v and fp32 master copy; DP_opt = DP with the
                                                            distributed optimizer, else 1)
-    activations  `plan_model.activation_gib` (Korthikanti et al., no recompute, full-length micro-batches)
+    activations  `gpu_memory.activation_gib` (Korthikanti et al., no recompute, full-length micro-batches)
     logits       s · b · V / TP · 4 · 3
     reference    P_s · bytes(dtype)                       (β > 0 without `offload_reference`)
     fp8 cache    linear weights · 2 bytes                 (FP8 training: Transformer Engine's quantized copies)
@@ -31,32 +31,21 @@ Phases (a colocated engine sleeps while its GPUs train; `training.memory` descri
 
 `gpu_memory_utilization: auto` = ⌊(MARGIN · GPU − fixed − resident) / GPU⌋ to 0.01: the generate phase then
 uses the margin's limit exactly and the KV cache gets the rest of vLLM's budget. Every phase must stay under
-MARGIN · GPU memory; the KV cache must hold one full-length sequence; host RAM per node (`plan_host`) must stay
+MARGIN · GPU memory; the KV cache must hold one full-length sequence; host RAM per node (`host_memory`) must stay
 under `runtime.cluster.host_memory_gib`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass
 
 from nemo_hacpo.config import AgentConfig, ConfigError, ConfigIssue, HacpoConfig
 from nemo_hacpo.models.architecture import ModelArch
 from nemo_hacpo.models.hf_layouts import hf_tensor_shapes
-from nemo_hacpo.rollout.refit import MIB, refit_plan
-from nemo_hacpo.rollout.settings import CPU_AUTO_FRACTION
-from nemo_hacpo.runtime.plan_host import (
-    BLAKE3_GBPS_PER_CORE,
-    SHARED_FS_READ_GBPS,
-    AgentHost,
-    CheckpointIO,
-    NodeHost,
-    agent_host,
-    checkpoint_io,
-    node_hosts,
-)
-from nemo_hacpo.runtime.plan_model import (
+from nemo_hacpo.planning.gpu_memory import (
     CUDA_CONTEXT_GIB,
     DTYPE_BYTES,
     FP8_WEIGHT_CACHE_BYTES,
@@ -76,6 +65,19 @@ from nemo_hacpo.runtime.plan_model import (
     trainer_communicators,
     vllm_activation_gib,
 )
+from nemo_hacpo.planning.host_memory import (
+    BLAKE3_GBPS_PER_CORE,
+    SHARED_FS_READ_GBPS,
+    AgentHost,
+    CheckpointIO,
+    NodeHost,
+    agent_host,
+    checkpoint_io,
+    node_hosts,
+)
+from nemo_hacpo.planning.preflight import check_agents, tokenizer_source
+from nemo_hacpo.rollout.refit import MIB, refit_plan
+from nemo_hacpo.rollout.settings import CPU_AUTO_FRACTION
 
 __all__ = ["AgentPlan", "RunPlan", "format_plan", "fp8_notes", "parameter_counts", "plan_agent", "plan_run", "startup_plan",
            "total_parameters"]
@@ -138,6 +140,9 @@ class AgentPlan:
     def peak(self) -> float:
         """The largest phase (GiB per GPU)."""
         return max(self.train_total, self.generate_total, self.refit_total, self.checkpoint_total)
+
+logger = logging.getLogger(__name__)
+
 
 
 def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPlan:
@@ -282,7 +287,6 @@ def startup_plan(cfg: HacpoConfig) -> tuple[HacpoConfig, RunPlan]:
     (on CPU: `rollout.settings.CPU_AUTO_FRACTION`), and the plan."""
     from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.models.tokenizers import load_tokenizer
-    from nemo_hacpo.runtime.preflight import tokenizer_source
 
     archs = [model_arch(a, len(load_tokenizer(tokenizer_source(a))) if a.model.source == "tiny" else None)
              for a in cfg.agents]
@@ -360,3 +364,25 @@ def format_plan(plan: RunPlan | list[AgentPlan], cfg: HacpoConfig) -> str:
         lines.extend(f"  ✗ {p.name}: {problem}" for problem in p.problems)
     lines.extend(f"  {note}" for note in plan.notes)
     return "\n".join(lines)
+
+
+def startup_checks(cfg: HacpoConfig) -> HacpoConfig:
+    """Before anything starts, on CUDA: the NVIDIA driver the container needs (`planning.cuda_driver`) and the plan
+    (`planning.plan.startup_plan`: every phase fits the GPUs and the nodes' host RAM, or one `ConfigError` naming
+    the keys). Returns the config with `rollout.gpu_memory_utilization: auto` resolved (CPU: 0.5)."""
+    if cfg.runtime.cluster.device == "cuda":
+        from nemo_hacpo.planning.cuda_driver import check_cuda_driver
+
+        warning = check_cuda_driver()
+        if warning:
+            logger.warning(warning)
+    for note in fp8_notes(cfg):  # what the train/sample mismatch metric will show
+        logger.warning(note)
+    if cfg.runtime.cluster.device == "cuda" or any(a.rollout.gpu_memory_utilization == "auto" for a in cfg.agents):
+        check_agents(cfg)  # the plan reads the tokenizers and checkpoint configs
+        cfg, plan = startup_plan(cfg)
+        for p in plan.agents:
+            logger.info("plan: agent %s peaks at %.1f GiB per GPU (limit %.1f); vLLM gpu_memory_utilization %.2f, "
+                        "KV cache %.1f GiB (%d full-length sequences)", p.name, p.peak, p.limit, p.vllm_utilization,
+                        p.kv_cache, p.kv_cache_sequences)
+    return cfg

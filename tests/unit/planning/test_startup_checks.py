@@ -1,4 +1,4 @@
-"""The driver's start-up checks (`runtime.preflight.startup_checks`): `auto` engine memory is resolved before anything
+"""The driver's start-up checks (`planning.plan.startup_checks`): `auto` engine memory is resolved before anything
 starts, and on CUDA the plan and the checkpoint directories are checked first (issue #26 items 2, 3, 6, 8)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from nemo_hacpo.config import ConfigError, load_config
-from nemo_hacpo.runtime.preflight import startup_checks
+from nemo_hacpo.planning.plan import startup_checks
 
 
 def test_auto_is_resolved_before_the_run_starts_on_cpu():
