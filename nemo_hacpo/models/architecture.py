@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import json
 import pkgutil
 from dataclasses import dataclass
@@ -372,8 +373,9 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, precision: Pre
     """Megatron `TransformerConfig` for `arch` under the agent's layout and numerics.
 
     CPU: fp32 (fp16 for tests), no fusions (their kernels need CUDA), no sequence parallel (torch's LayerNorm refuses it on CPU).
-    CUDA: the dtype asked for, fusions on, and FP8 (format, recipe, fp8_param, BF16 first/last layers) mapped onto
-    Megatron's fields.
+    CUDA: the dtype asked for, each fusion where its kernel exists (`cuda_fusions`: a GPU without Transformer
+    Engine trains too, with the unfused paths), and FP8 (format, recipe, fp8_param, BF16 first/last layers) mapped
+    onto Megatron's fields.
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -395,9 +397,8 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, precision: Pre
         tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
         context_parallel_size=parallel.cp, sequence_parallel=parallel.sequence_parallel,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
-        bias_dropout_fusion=on_gpu, apply_rope_fusion=on_gpu and arch.position_embedding == "rope",
-        masked_softmax_fusion=on_gpu, gradient_accumulation_fusion=False, bias_activation_fusion=on_gpu,
-        persist_layer_norm=False,
+        gradient_accumulation_fusion=False, persist_layer_norm=False,
+        **cuda_fusions(arch, on_gpu),
     )
     if precision.fp8 is not None:
         fields.update(fp8=precision.fp8, fp8_recipe=precision.fp8_recipe, fp8_param=precision.fp8_param,
@@ -405,6 +406,45 @@ def transformer_config(arch: ModelArch, parallel: ParallelConfig, precision: Pre
                       num_layers_at_start_in_bf16=precision.num_layers_at_start_in_bf16,
                       num_layers_at_end_in_bf16=precision.num_layers_at_end_in_bf16)
     return TransformerConfig(**(fields | overrides))
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _rope_fusion_available() -> bool:
+    """Megatron's fused RoPE is Transformer Engine's kernel (megatron-core refuses `apply_rope_fusion` at config
+    time without it: "apply_rope_fusion is not available. Please install TE >= 1.4")."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    return rope_utils.fused_apply_rotary_pos_emb is not None or rope_utils.fused_apply_rotary_pos_emb_thd is not None
+
+
+def cuda_fusions(arch: ModelArch, on_gpu: bool, *, rope_kernel: bool | None = None,
+                 softmax_kernel: bool | None = None) -> dict[str, bool]:
+    """Megatron's fusion switches, each on only where its kernel exists (all off on CPU):
+
+    - `bias_dropout_fusion`, `bias_activation_fusion`: torch.jit-scripted, any CUDA torch (the latter only with
+      SwiGLU or a biased GELU, the combinations megatron-core accepts);
+    - `apply_rope_fusion`: Transformer Engine's fused RoPE (`rope_kernel`; None: look for it);
+    - `masked_softmax_fusion`: the compiled `scaled_masked_softmax_cuda` extension (`softmax_kernel`; None: look
+      for it) — megatron-core imports it at the first forward of the local spec's attention, a fusion left on
+      without it fails there, not at start-up. Transformer Engine's attention does not read it.
+
+    A first run on an H200 with torch + megatron-core and no Transformer Engine stopped at start-up on the rope
+    fusion (issue #38).
+    """
+    if not on_gpu:
+        return dict(bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
+                    bias_activation_fusion=False)
+    rope = _rope_fusion_available() if rope_kernel is None else rope_kernel
+    softmax = _module_exists("scaled_masked_softmax_cuda") if softmax_kernel is None else softmax_kernel
+    activation = arch.activation == "swiglu" or arch.add_bias_linear
+    return dict(bias_dropout_fusion=True, apply_rope_fusion=rope and arch.position_embedding == "rope",
+                masked_softmax_fusion=softmax, bias_activation_fusion=activation)
 
 
 def layer_spec(arch: ModelArch, use_te: bool, core_attention: type | None = None):

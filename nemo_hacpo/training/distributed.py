@@ -8,6 +8,8 @@ Megatron's `parallel_state` for that world. Two agents never share a process.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,6 +43,25 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
                               multi_tenant=True)
     dist.init_process_group(backend or default_backend(), store=store, rank=rank, world_size=world_size,
                             timeout=timeout)
+
+
+def process_groups() -> set[Any]:
+    """The process groups this process holds now, the default one included (torch keeps them in its c10d world
+    registry; `dist.new_group` and Megatron's `initialize_model_parallel` add to it)."""
+    from torch.distributed import distributed_c10d
+
+    return set(distributed_c10d._world.pg_map) if dist.is_initialized() else set()
+
+
+def destroy_groups(groups: Iterable[Any]) -> int:
+    """Destroy these process groups (never the default one), freeing their communicators — with NCCL, their GPU
+    buffers; Megatron's `destroy_model_parallel` only forgets its handles. Returns how many were destroyed."""
+    destroyed = 0
+    for group in groups:
+        if group is not dist.GroupMember.WORLD and group in process_groups():
+            dist.destroy_process_group(group)
+            destroyed += 1
+    return destroyed
 
 
 def destroy_distributed() -> None:

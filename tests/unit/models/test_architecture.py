@@ -199,14 +199,34 @@ def test_gpu_fp8_fields_are_mapped(recipe: str) -> None:
         True, 2, 1)
     assert (config.params_dtype, config.pipeline_dtype, config.bf16, config.fp16) == (
         torch.bfloat16, torch.bfloat16, True, False)
-    assert config.bias_dropout_fusion and config.masked_softmax_fusion and config.bias_activation_fusion
+    assert config.bias_dropout_fusion and config.bias_activation_fusion
     assert not config.apply_rope_fusion  # learned positions
 
 
-def test_gpu_bf16_without_fp8_and_the_rope_fusion_override() -> None:
+def test_a_cuda_config_without_transformer_engine_builds_with_the_fusions_that_exist() -> None:
+    """Issue #38, item 1: on an H200 with torch + megatron-core and no Transformer Engine the trainer stopped at
+    start-up ("apply_rope_fusion is not available. Please install TE >= 1.4"). This machine has neither Transformer
+    Engine nor the compiled softmax extension, as that GPU had not: the config builds, with the jit fusions on and
+    the two kernel fusions off."""
     config = transformer_config(arch_from_hf_config(LLAMA_3_1_8B), ParallelConfig(tp=8), PrecisionConfig(dtype="bf16"),
-                                device="cuda", apply_rope_fusion=False)
+                                device="cuda")
     assert (config.fp8, config.bf16, config.num_query_groups, config.kv_channels) == (None, True, 8, 128)
+    assert (config.apply_rope_fusion, config.masked_softmax_fusion) == (False, False)
+    assert (config.bias_dropout_fusion, config.bias_activation_fusion) == (True, True)
+
+
+def test_cuda_fusions_follow_their_kernels_and_the_architecture() -> None:
+    from nemo_hacpo.models.architecture import cuda_fusions
+
+    llama, gpt2 = arch_from_hf_config(LLAMA_3_1_8B), arch_from_hf_config(GPT2_SMALL)
+    assert not any(cuda_fusions(llama, on_gpu=False).values())
+    with_te = cuda_fusions(llama, on_gpu=True, rope_kernel=True, softmax_kernel=True)
+    assert with_te == dict(bias_dropout_fusion=True, apply_rope_fusion=True, masked_softmax_fusion=True,
+                           bias_activation_fusion=True)
+    assert not cuda_fusions(gpt2, on_gpu=True, rope_kernel=True, softmax_kernel=False)["apply_rope_fusion"]
+    assert cuda_fusions(gpt2, on_gpu=True, rope_kernel=True, softmax_kernel=False)["bias_activation_fusion"]  # biased
+    unbiased_gelu = dataclasses.replace(gpt2, add_bias_linear=False)  # megatron-core refuses the fusion for it
+    assert not cuda_fusions(unbiased_gelu, on_gpu=True)["bias_activation_fusion"]
 
 
 def test_delayed_fp8_with_bf16_edge_layers_is_refused_by_megatron() -> None:
