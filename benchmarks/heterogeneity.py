@@ -38,11 +38,20 @@ CANDIDATES: dict[str, tuple[str, list[str], str]] = {
               "capability gap: qwen_tiny warm-started 100 steps instead of 300"),
     "state60": ("pair_tiny", ["agents.1.warmstart.steps=60"],
                 "capability gap: qwen_tiny warm-started 60 steps instead of 300"),
+    "state150": ("pair_tiny", ["agents.1.warmstart.steps=150"],
+                 "capability gap: qwen_tiny warm-started 150 steps instead of 300"),
+    "state200": ("pair_tiny", ["agents.1.warmstart.steps=200"],
+                 "capability gap: qwen_tiny warm-started 200 steps instead of 300"),
     "size": ("pair_tiny", QWEN_3X128, "capability gap: qwen_tiny at 3 × 128 (0.79M parameters)"),
     "habit": ("pair_tiny", ["agents.1.warmstart.stop_early_fraction=0.1"],
               "capability gap: qwen_tiny stops early on 10 % of multi-step solutions instead of 60 %"),
     "style": ("pair_tiny", ["agents.1.warmstart.narrated_fraction=1.0"],
               "behaviour gap: qwen_tiny taught the narrated style on every solution"),
+    "trio": ("trio_tiny", [], "three agents: the default pair and gpt_tiny at 4 × 256 (LayerNorm, GELU, digit-level "
+             "Unigram)"),
+    "trio_gpt192": ("trio_tiny", ["agents.2.model.tiny.hidden_size=192", "agents.2.model.tiny.num_attention_heads=3",
+                                  "agents.2.model.tiny.ffn_hidden_size=768"],
+                    "three agents: gpt_tiny at 4 × 192"),
     "style_half": ("pair_tiny", ["agents.1.warmstart.narrated_fraction=0.5"],
                    "behaviour gap: qwen_tiny taught the narrated style on half of the solutions"),
 }
@@ -87,13 +96,13 @@ def table(records: list[dict]) -> str:
     for record in records:
         directions = record["cross"]["directions"]
         for agent, acc in record["accuracy"].items():
-            direction = next(d for d in directions if d.endswith(f"→ {agent}"))
-            e = directions[direction]["per_tokenizer"]
-            lines.append(
-                f"| {record['candidate']} | {record['what']} | {agent} | {acc.get('greedy_avg@1', float('nan')):.3f} | "
-                f"{acc.get('avg@4', float('nan')):.3f} | {acc.get('pass@4', float('nan')):.3f} | {direction} | "
-                f"{e['s_p10']:.3g} / {e['s_p50']:.3g} / {e['s_p90']:.3g} | {e['in_window_frac']:.2f} | "
-                f"{e['grad_frac']:.2f} |")
+            for direction in (d for d in directions if d.endswith(f"→ {agent}")):
+                e = directions[direction]["per_tokenizer"]
+                lines.append(
+                    f"| {record['candidate']} | {record['what']} | {agent} | "
+                    f"{acc.get('greedy_avg@1', float('nan')):.3f} | {acc.get('avg@4', float('nan')):.3f} | "
+                    f"{acc.get('pass@4', float('nan')):.3f} | {direction} | {e['s_p10']:.3g} / {e['s_p50']:.3g} / "
+                    f"{e['s_p90']:.3g} | {e['in_window_frac']:.2f} | {e['grad_frac']:.2f} |")
     return "\n".join(lines)
 
 

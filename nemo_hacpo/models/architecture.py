@@ -415,6 +415,12 @@ def _module_exists(name: str) -> bool:
         return False
 
 
+def transformer_engine_available() -> bool:
+    """Transformer Engine can be imported here: the trainer then uses its layer spec on CUDA (fused attention,
+    FP8), else Megatron's local spec."""
+    return _module_exists("transformer_engine")
+
+
 def _rope_fusion_available() -> bool:
     """Megatron's fused RoPE is Transformer Engine's kernel (megatron-core refuses `apply_rope_fusion` at config
     time without it: "apply_rope_fusion is not available. Please install TE >= 1.4")."""

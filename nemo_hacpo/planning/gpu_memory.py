@@ -1,10 +1,10 @@
 """The memory model behind `--plan`: every constant with its source, every term a small pure function of the
 architecture and the layout. Sizes are in GiB (2^30 bytes) unless a name ends in `_bytes`.
 
-Sources are of three kinds: **docs** (a document or a library's source read here, named), **measured** (on this
-project's CPU machine, how is said) and **derived** (computed from the shapes; the formula is in the docstring).
-Where only an estimate exists it says so and gives the range it was taken from; `benchmarks/gpu_two_agent_step.py`
-measures the real numbers on the first GPU run, and these constants are then to be replaced by them.
+Sources are of four kinds: **measured on a GPU** (the first H200 run, issue #38: `benchmarks/gpu_memory.py`
+reproduces it on any GPU in one command), **measured** on this project's CPU machine, **docs** (a document or a
+library's source read here, named) and **derived** (computed from the shapes; the formula is in the docstring).
+Where only an estimate exists it says so.
 
 Two processes share each GPU of a colocated agent: the trainer rank and the vLLM worker that its engine placed
 there (vLLM's front end runs inside the engine rank; its engine core process holds no GPU memory). Each has its
@@ -25,27 +25,53 @@ H100_REPORTED_GIB = 79.6
 
 MARGIN = 0.9
 """Usable fraction of a GPU's reported memory: every phase must stay under 90 % of it. The 10 % left is for the
-caching allocator's fragmentation and the error of the estimates below; the CUDA contexts and NCCL buffers are
-counted as terms of their own, not inside this margin."""
+caching allocator's fragmentation and the error of the estimates below; the processes' memory outside the
+allocator and the NCCL buffers are counted as terms of their own, not inside this margin."""
 
-CUDA_CONTEXT_GIB = 0.75
-"""Per process. docs: a CUDA context takes 287 MB with lazy module loading (pytorch/pytorch#86509; the default
-since CUDA 12.2, docs.nvidia.com 'Lazy Loading'), 667 MB loaded eagerly; the kernels a trainer (cuBLAS, cuDNN,
-Transformer Engine, flash attention) or a vLLM worker then loads on use and cuBLAS's workspaces add to it — an
-estimate between the two figures plus that, rounded up."""
+TRAINER_PROCESS_GIB = 2.42
+"""Per trainer rank, GPU memory outside torch's caching allocator. measured on a GPU (H200, torch 2.11 + CUDA 13,
+megatron-core 0.16.1, no Transformer Engine; `torch.cuda.mem_get_info` minus `memory_reserved`): 0.51 GiB with the
+CUDA context alone, 0.60 after the first tensor, 1.15 after building the trainer (Megatron's process groups), 1.60
+after the first forward (cuBLAS workspaces, kernels), 2.42 after the first optimizer step (the buffers of the
+communicators its collectives created, in an NCCL world of one). Communicators over more than one rank add
+NCCL_COMMUNICATOR_GIB each. Transformer Engine's kernels and workspaces were not there: an underestimate with TE."""
+
+VLLM_PROCESS_GIB = 1.60
+"""Per vLLM worker, outside its memory pools: not measured (vLLM was not on the GPU machine). Taken as the trainer's
+measured context, kernels and cuBLAS workspaces before any collective (1.60 of TRAINER_PROCESS_GIB); its TP group's
+communicator is counted as an NCCL_COMMUNICATOR_GIB of its own."""
 
 NCCL_COMMUNICATOR_GIB = 0.5
-"""Per NCCL communicator that runs collectives. derived: NCCL_BUFFSIZE = 4 MiB for the Simple protocol (NCCL's
-documented default) plus the LL128 and LL buffers ≈ 9 MiB per channel and peer, times up to 32 channels on
-NVLink (NCCL_MAX_NCHANNELS) ≈ 0.3 GiB for a ring, more with tree or NVLS buffers: 0.5 assumed."""
+"""Per NCCL communicator over more than one rank that runs collectives. derived: NCCL_BUFFSIZE = 4 MiB for the
+Simple protocol (NCCL's documented default) plus the LL128 and LL buffers ≈ 9 MiB per channel and peer, times up to
+32 channels on NVLink (NCCL_MAX_NCHANNELS) ≈ 0.3 GiB for a ring, more with tree buffers: 0.5 assumed. Valid with
+NVLink SHARP off: its buffers take 1.6 GB for one communicator and ~6 GB for three or more on H100 switch systems
+(NVIDIA/nccl issue 864), so the job script sets NCCL_NVLS_ENABLE=0 (as NeMo's launcher does)."""
+
+LOGITS_BYTES_PER_ELEMENT = 6.4
+"""GPU bytes per (token × vocabulary row of this TP rank) that the logits path holds at its peak. measured on a GPU
+(one layer with Qwen3's vocabulary of 151,936, so that the logits dominate): 6.43 in the log-prob pass, 6.39 in
+training net of the activations, the same at 2 × 2,048 tokens, doubling with the micro-batch (bf16 logits, the fp32
+log-softmax of the vocab-parallel cross entropy and its gradient, not all alive at once: the former 4 · 3 = 12 was
+twice too much). With a 32,000 vocabulary the other terms dominate and the ratio reads 11–15: not a logits figure."""
+
+SCORE_BYTES_STORED = 6
+"""Unfused attention (Megatron's local spec: the trainer's attention on a GPU without Transformer Engine), bytes per
+attention score kept for the backward pass: the fp32 softmax output (softmax in fp32, `attention_softmax_in_fp32`)
+and its bf16 copy that multiplies V. derived, and with the two below it matches the measured peaks (see
+`activation_gib`)."""
+
+SCORE_BYTES_BACKWARD = 6
+"""Unfused attention: bytes per score of one layer's gradients alive in its backward pass (bf16 and fp32). Fitted:
+what the H200 peaks left after every other term — 1.5 GiB for the Llama-3.2-1B shape (32 heads, 2 × 2,048
+tokens: 2.7e8 scores per layer) and 3.4 for the 8-layer Qwen3-8B shape (32 heads, 1 × 4,096: 5.4e8)."""
 
 VLLM_GRAPH_POOLS_GIB = 1.5
-"""Per vLLM worker: its `cudagraph` and `runtime` memory pools. Neither is a deferrable tag
-(`vllm/device_allocator/__init__.py`: DEFERRABLE_TAGS = ("weights", "kv_cache")), so `wake_up(["weights"])`
-brings them back too (`device_allocator/cumem.py`: every non-deferrable tag is always loaded), and every sleep
-backs them up to pinned host memory (`sleep_mode_backend.py`: offload_tags = ("runtime", "cudagraph")). Estimate:
-vLLM's start-up line 'Graph capturing finished … took X GiB' reports about 0.3–1.5 GiB for dense 8B–70B models
-at the default capture sizes; the upper end is taken."""
+"""Per vLLM worker: its CUDA-graph memory. It stays on the GPU while the engine sleeps: `sleep_mode_offload_cudagraph`
+defaults to False (`vllm/config/model.py`) and the engine does not set it, so the graphs are captured outside the
+cuMem pool that sleep releases (`vllm/config/vllm.py`, `use_cumem_cudagraph_pool`) — every phase counts it. Estimate:
+vLLM's start-up line 'Graph capturing finished … took X GiB' reports about 0.3–1.5 GiB for dense 8B–70B models at
+the default capture sizes; the upper end is taken."""
 
 VLLM_MAX_NUM_BATCHED_TOKENS = 16384
 VLLM_MAX_NUM_SEQS = 1024
@@ -150,25 +176,65 @@ def largest_module_bytes(arch: ModelArch, vllm_tp: int, dtype_bytes: int) -> int
 
 
 # ----------------------------------------------------------------------------------------- terms (GiB)
+def layer_activation_bytes(arch: ModelArch, tp: int, sequence_parallel: bool, fused_attention: bool,
+                           dtype_bytes: int) -> float:
+    """Bytes one layer keeps per token for its backward pass on one TP rank, no recompute, no dropout (RL: p = 0,
+    torch keeps no mask). In 2-byte units (scaled by dtype_bytes / 2), with q = heads · d, kv = KV heads · d, f the
+    MLP width:
+
+        norms      8h      both norms' inputs and outputs (the QKV and fc1 GEMMs' inputs); / TP with sequence
+                           parallelism
+        attention  fused (Transformer Engine, flash): Q, K, V, the output: 4q + 4kv
+                   unfused (the local spec): Q, K and V expanded to every head (GQA repeats K and V), the
+                   output: 8q — plus the scores, `attention_score_gib`
+        QK-norm    2q + 2kv  its inputs
+        MLP        SwiGLU 6f (the gate-up output 2f, the activation's output f); GELU 4f
+
+    every term but the norms / TP. Korthikanti et al. (2022) count 34h for GPT's blocks (f = 4h, dropout masks);
+    this is the same count for SwiGLU, GQA and QK-norm without the masks (GPT here: 32h)."""
+    h, d = arch.hidden_size, arch.head_dim
+    q, kv = arch.num_attention_heads * d / tp, max(1.0, arch.num_query_groups / tp) * d
+    norms = 8 * h / (tp if sequence_parallel else 1)
+    attention = 4 * q + 4 * kv if fused_attention else 8 * q
+    qk_norm = 2 * q + 2 * kv if arch.qk_layernorm else 0.0
+    mlp = (6 if arch.activation == "swiglu" else 4) * arch.ffn_hidden_size / tp
+    return (norms + attention + qk_norm + mlp) * dtype_bytes / 2
+
+
 def activation_gib(arch: ModelArch, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
-                   dtype_bytes: int) -> float:
-    """Activations kept for the backward pass, stage 0 of a 1F1B schedule (~L layers' worth), flash attention,
-    no recompute (Korthikanti et al. 2022, Table 2): bytes = L · s · b · h · k · bytes/2, k = 34/TP with sequence
-    parallelism, 10 + 24/TP without. The plan sizes every micro-batch at max_prompt + max_response tokens
-    (Qwen3's long answers fill max_response_length)."""
-    per_element = 34 / tp if sequence_parallel else 10 + 24 / tp
-    return arch.num_layers * seq * micro_batch * arch.hidden_size * per_element * dtype_bytes / 2 / GIB
+                   dtype_bytes: int, fused_attention: bool = True) -> float:
+    """Activations kept for the backward pass, stage 0 of a 1F1B schedule (~L layers' worth: it holds PP
+    micro-batches of L/PP layers), no recompute: L · s · b · `layer_activation_bytes`, plus with unfused attention
+    the scores (`attention_score_gib`). The plan sizes every micro-batch at max_prompt + max_response tokens (Qwen3's
+    long answers fill max_response_length).
+
+    Against the measured training peaks net of weights, gradients and optimizer (H200, bf16, local spec,
+    unfused): Llama-3.2-1B's shape at 2 × 2,048 tokens 33.6 GiB measured, 5.0 + scores 25.5 + logits 3.1 = 33.6
+    planned; the 8-layer Qwen3-8B shape at 1 × 4,096, 35.7 measured, 4.6 + 27.0 + 3.7 = 35.3 planned
+    (tests/unit/planning/test_gpu_memory.py)."""
+    per_token = layer_activation_bytes(arch, tp, sequence_parallel, fused_attention, dtype_bytes)
+    stored = arch.num_layers * seq * micro_batch * per_token / GIB
+    return stored + (0.0 if fused_attention else attention_score_gib(arch, seq, micro_batch, tp))
+
+
+def attention_score_gib(arch: ModelArch, seq: int, micro_batch: int, tp: int) -> float:
+    """Unfused attention's s² terms: every layer keeps its scores (SCORE_BYTES_STORED each) and the backward pass of
+    one layer holds their gradients too (SCORE_BYTES_BACKWARD): (L · 6 + 6) · (heads / TP) · s² · b bytes. 20 GiB
+    and more at 4,096 tokens for 8 layers of 32 heads — what a GPU without Transformer Engine pays."""
+    scores = arch.num_attention_heads / tp * seq * seq * micro_batch
+    return (arch.num_layers * SCORE_BYTES_STORED + SCORE_BYTES_BACKWARD) * scores / GIB
 
 
 def logits_gib(arch: ModelArch, seq: int, micro_batch: int, tp: int) -> float:
-    """fp32 logits, their log-softmax and their gradient on the last stage: s · b · V/TP · 4 · 3 bytes."""
-    return seq * micro_batch * arch.padded_vocab_size(tp) / tp * 4 * 3 / GIB
+    """The logits path on the last stage: s · b · V/TP · LOGITS_BYTES_PER_ELEMENT (measured)."""
+    return seq * micro_batch * arch.padded_vocab_size(tp) / tp * LOGITS_BYTES_PER_ELEMENT / GIB
 
 
 def trainer_communicators(tp: int, pp: int, dp: int) -> int:
-    """NCCL communicators a trainer rank runs collectives on: the world (metrics, barriers), TP if > 1, DP if
-    > 1, and with PP > 1 the pipeline's point-to-point group and the embedding group (tied-gradient all-reduce)."""
-    return 1 + (tp > 1) + (dp > 1) + 2 * (pp > 1)
+    """NCCL communicators over more than one rank that a trainer rank runs collectives on: the world (metrics,
+    barriers) when it has more than one rank, TP if > 1, DP if > 1, and with PP > 1 the pipeline's point-to-point
+    group and the embedding group (tied-gradient all-reduce). A world of one's are inside TRAINER_PROCESS_GIB."""
+    return (tp * pp * dp > 1) + (tp > 1) + (dp > 1) + 2 * (pp > 1)
 
 
 def vllm_activation_gib(arch: ModelArch, vllm_tp: int) -> float:

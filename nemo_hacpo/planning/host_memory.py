@@ -6,10 +6,10 @@ engine one engine-core process. What they hold in host memory, in GiB (`AgentHos
     processes    PROCESS_HOST_GIB each (libraries, Python, the CUDA context's host side)
     offload      pinned copies of the optimizer state (`offload_train_state`: Adam m, v and the fp32 main
                  parameters, each tensor's shard rounded up to a power of two by torch's host caching
-                 allocator, which keeps them cached for the whole run)
+                 allocator): an arena each rank allocates at its first offload and keeps for the whole run,
+                 checkpoints included (`training.memory.TrainStateOffload`: pinning runs at ~2.2 GB/s, so
+                 re-pinning after every save would cost each llama70b rank ~14 s per checkpoint)
     reference    pinned copy of the reference weights (`offload_reference`)
-    vLLM pools   the worker's pinned backup of its runtime and CUDA-graph pools, made at every sleep and kept
-                 in its host cache (vLLM never empties it: no `_host_emptyCache` in vllm/)
     vLLM weights the worker's pinned backup of its weights at the checkpoint's level-1 sleep, kept in its host
                  cache from the first checkpoint on — counted in every phase
     rpc buffers  `rollout.refit_transport: rpc` only: the export's host copy of a tensor and the safetensors
@@ -25,9 +25,12 @@ engine one engine-core process. What they hold in host memory, in GiB (`AgentHos
                                     own shard, then the writer's copies of the per-parameter views (12 more);
                                     other ranks only their shard (12/DP)
 
+The worker's CUDA-graph pools are not backed up: they stay on the GPU while it sleeps (`planning.gpu_memory`,
+VLLM_GRAPH_POOLS_GIB); its `runtime` pool's backup (the KV cache's bookkeeping) is small and not counted.
+
 Phases per node (the agents' GPUs fill the nodes in order, as their placement groups pack them):
-generate = train = processes + offload + reference + vLLM pools + vLLM weights; refit = that + rpc buffers;
-checkpoint = processes + reference + vLLM pools + vLLM weights + save.
+generate = train = processes + offload + reference + vLLM weights; refit = that + rpc buffers;
+checkpoint = that + save (the offload arena stays).
 
 A checkpoint's bytes: per parameter its weights (and the reference's) in the training dtype plus 12 bytes of
 optimizer state (fp32 main copy, m, v). Hashing them in the driver after the save reads every byte back
@@ -45,7 +48,6 @@ from nemo_hacpo.models.architecture import ModelArch
 from nemo_hacpo.planning.gpu_memory import (
     DTYPE_BYTES,
     GIB,
-    VLLM_GRAPH_POOLS_GIB,
     pinned_gib,
     serving_tensors,
     stage_tensors,
@@ -65,6 +67,11 @@ SHARED_FS_READ_GBPS = 2.0
 """Assumption: one client's sequential read from the shared file system (a parallel file system gives one
 client about 2–5 GB/s, NFS about 1): the driver hashing every checkpoint file reads at this rate."""
 
+PIN_GBPS = 2.2
+"""measured on a GPU (H200 host, torch 2.11): allocating pinned host memory runs at ~2.2 GB/s (1 GiB in 0.46 s,
+8 GiB in 3.73 s), so a trainer's first `offload()` of 41.5 GiB took 21.9 s and the second, into the same blocks,
+0.62 s (72 GB/s, as the restore). The plan prints the first offload's time: once per run, since the arena is kept."""
+
 OPTIMIZER_STATE_BYTES = 12
 """Bytes per parameter of the distributed optimizer's saved state: the fp32 main copy, Adam's m and v (Megatron's
 `get_parameter_state_dp_zero` gathers these three keys)."""
@@ -78,7 +85,6 @@ class AgentHost:
     processes: float
     offload: float
     reference: float
-    vllm_pools: float
     vllm_weights: float
     rpc_buffers: float
     save_dp0: float
@@ -88,7 +94,12 @@ class AgentHost:
     @property
     def steady(self) -> float:
         """Generate and train: what every slot holds between checkpoints."""
-        return self.processes + self.offload + self.reference + self.vllm_pools + self.vllm_weights
+        return self.processes + self.offload + self.reference + self.vllm_weights
+
+    @property
+    def first_offload_s(self) -> float:
+        """Seconds of the rank's first `offload()`: pinning its arena at PIN_GBPS (later offloads reuse it)."""
+        return self.offload * GIB / (PIN_GBPS * 1e9)
 
 
 def agent_host(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentHost:
@@ -107,7 +118,6 @@ def agent_host(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentHo
     processes = PROCESS_HOST_GIB * (1 + (1 + 1 / vllm_tp if colocated else 0))  # trainer, worker, engine core
     offload = pinned_gib(tensors, 4, copies=state_copies, shards=shards) if agent.offload_train_state else 0.0
     reference = pinned_gib(tensors, dtype_bytes) if keeps_reference and agent.offload_reference else 0.0
-    vllm_pools = VLLM_GRAPH_POOLS_GIB if colocated else 0.0
     vllm_weights = pinned_gib(serving_tensors(arch, vllm_tp), 2) if colocated else 0.0
     rpc = 0.0
     if roll.refit_transport == "rpc":
@@ -126,7 +136,7 @@ def agent_host(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentHo
         writing = 2 * state + weights_pinned  # world tensors + the writer's copies of their views
         save_dp0 = max(gathering, writing)
         save_other = own
-    return AgentHost(processes, offload, reference, vllm_pools, vllm_weights, rpc, save_dp0, save_other, par.dp)
+    return AgentHost(processes, offload, reference, vllm_weights, rpc, save_dp0, save_other, par.dp)
 
 
 @dataclass(frozen=True)
@@ -165,7 +175,7 @@ def node_hosts(hosts: list[AgentHost], cfg: HacpoConfig) -> list[NodeHost]:
             dp0 = min(count, math.ceil(count / host.dp))  # DP rank 0 of each TP/PP group on the node
             generate += count * host.steady
             refit += count * (host.steady + host.rpc_buffers)
-            checkpoint += count * (host.steady - host.offload) + dp0 * host.save_dp0 + (count - dp0) * host.save_other
+            checkpoint += count * host.steady + dp0 * host.save_dp0 + (count - dp0) * host.save_other
         out.append(NodeHost(index, tuple((cfg.agents[a].name, c) for a, c in slots), generate, refit, checkpoint))
     return out
 

@@ -5,29 +5,35 @@ what cannot fit. The driver runs the same plan at start-up on CUDA (`startup_pla
 Per GPU of an agent's busiest rank, in GiB (P_s = the busiest stage's parameters on one TP rank; the constants
 and their sources are in `gpu_memory`):
 
-    fixed        CUDA contexts (CUDA_CONTEXT_GIB × 2 processes when colocated: the trainer and a vLLM worker)
-                 + NCCL (NCCL_COMMUNICATOR_GIB × the trainer's communicators, + 1 for a vLLM TP group)
+    fixed        the processes outside the caching allocator (TRAINER_PROCESS_GIB, measured on an H200; + a vLLM
+                 worker's VLLM_PROCESS_GIB when colocated) + NCCL (NCCL_COMMUNICATOR_GIB × the trainer's
+                 communicators over more than one rank, + 1 for a vLLM TP group)
     weights      P_s · bytes(dtype)                       (1 byte with fp8_param)
     gradients    P_s · 4                                  (fp32 main-grad buffers)
     optimizer    P_s · (8 + 4·[dtype ≠ fp32]) / DP_opt    (Adam m, v and fp32 master copy; DP_opt = DP with the
                                                            distributed optimizer, else 1)
-    activations  `gpu_memory.activation_gib` (Korthikanti et al., no recompute, full-length micro-batches)
-    logits       s · b · V / TP · 4 · 3
+    activations  `gpu_memory.activation_gib`: SwiGLU / GQA / QK-norm aware, no recompute, full-length
+                 micro-batches; with unfused attention (no Transformer Engine) every layer's s² scores too
+    logits       s · b · V / TP · LOGITS_BYTES_PER_ELEMENT (6.4, measured)
     reference    P_s · bytes(dtype)                       (β > 0 without `offload_reference`)
-    fp8 cache    linear weights · 2 bytes                 (FP8 training: Transformer Engine's quantized copies)
+    fp8 cache    linear weights · 2 bytes                 (FP8 training: Transformer Engine's quantized copies,
+                                                           kept between steps)
+    graphs       VLLM_GRAPH_POOLS_GIB                     (a colocated engine's CUDA graphs: they stay on the GPU
+                                                           while it sleeps)
     vLLM         gpu_memory_utilization · GPU memory: its weights, activation peak, CUDA-graph pools, KV cache
 
 Phases (a colocated engine sleeps while its GPUs train; `training.memory` describes the order):
 
-    train        fixed + weights + gradients + optimizer + activations + logits + reference + fp8 cache
-    generate     fixed + resident + vLLM budget      (resident = weights + reference, + gradients + optimizer
-                                                      unless `offload_train_state` keeps them on the host)
+    train        fixed + graphs + weights + gradients + optimizer + activations + logits + reference + fp8 cache
+    generate     fixed + resident + vLLM budget      (resident = weights + reference + fp8 cache, + gradients +
+                                                      optimizer unless `offload_train_state` keeps them on the host)
     refit        fixed + resident + vLLM weights + its graph pools (`wake_up(["weights"])` restores every
                  non-deferrable pool) + the export's gathered tensor twice (the TP shards and their
                  concatenation, held across the generator's `yield`) + with `ipc` the staging buffer and the
                  worker's copy of a bucket (`rollout.refit.refit_plan`) + the layer-wise reload's largest module
-    checkpoint   fixed + weights + gradients + optimizer + reference    (engine asleep at level 1; neither
-                 optimizer format gathers on the GPU: `fully_reshardable` gathers over gloo on the host)
+    checkpoint   fixed + graphs + weights + gradients + optimizer + reference + fp8 cache    (engine asleep at
+                 level 1; neither optimizer format gathers on the GPU: `fully_reshardable` gathers over gloo on
+                 the host)
 
 `gpu_memory_utilization: auto` = ⌊(MARGIN · GPU − fixed − resident) / GPU⌋ to 0.01: the generate phase then
 uses the margin's limit exactly and the KV cache gets the rest of vLLM's budget. Every phase must stay under
@@ -46,14 +52,16 @@ from nemo_hacpo.config import AgentConfig, ConfigError, ConfigIssue, HacpoConfig
 from nemo_hacpo.models.architecture import ModelArch
 from nemo_hacpo.models.hf_layouts import hf_tensor_shapes
 from nemo_hacpo.planning.gpu_memory import (
-    CUDA_CONTEXT_GIB,
     DTYPE_BYTES,
     FP8_WEIGHT_CACHE_BYTES,
     GIB,
     MARGIN,
     NCCL_COMMUNICATOR_GIB,
+    TRAINER_PROCESS_GIB,
     VLLM_GRAPH_POOLS_GIB,
+    VLLM_PROCESS_GIB,
     activation_gib,
+    attention_score_gib,
     kv_bytes_per_token,
     largest_gathered_bytes,
     largest_module_bytes,
@@ -67,6 +75,7 @@ from nemo_hacpo.planning.gpu_memory import (
 )
 from nemo_hacpo.planning.host_memory import (
     BLAKE3_GBPS_PER_CORE,
+    PIN_GBPS,
     SHARED_FS_READ_GBPS,
     AgentHost,
     CheckpointIO,
@@ -79,8 +88,11 @@ from nemo_hacpo.planning.preflight import check_agents, tokenizer_source
 from nemo_hacpo.rollout.refit import MIB, refit_plan
 from nemo_hacpo.rollout.settings import CPU_AUTO_FRACTION
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["AgentPlan", "RunPlan", "format_plan", "fp8_notes", "parameter_counts", "plan_agent", "plan_run", "startup_plan",
            "total_parameters"]
+
 
 @dataclass(frozen=True)
 class AgentPlan:
@@ -141,12 +153,10 @@ class AgentPlan:
         """The largest phase (GiB per GPU)."""
         return max(self.train_total, self.generate_total, self.refit_total, self.checkpoint_total)
 
-logger = logging.getLogger(__name__)
-
-
-
-def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPlan:
-    """The plan of one agent (see the module docstring for every term)."""
+def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig, fused_attention: bool = True) -> AgentPlan:
+    """The plan of one agent (see the module docstring for every term). `fused_attention`: the trainer runs
+    Transformer Engine's attention (the container); False: the local spec's unfused attention (a GPU without
+    Transformer Engine: its s² scores are counted, `gpu_memory.attention_score_gib`)."""
     par, prec, roll = agent.parallel, agent.precision, agent.rollout
     cluster = cfg.runtime.cluster
     on_gpu = cluster.device == "cuda"
@@ -158,20 +168,24 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
     opt_shards = par.dp if agent.optimizer.use_distributed_optimizer else 1
     seq, mbs = agent.max_prompt_length + agent.max_response_length, par.micro_batch_size
 
-    contexts = CUDA_CONTEXT_GIB * (2 if colocated else 1) if on_gpu else 0.0
+    contexts = TRAINER_PROCESS_GIB + (VLLM_PROCESS_GIB if colocated else 0.0) if on_gpu else 0.0
     nccl = NCCL_COMMUNICATOR_GIB * (trainer_communicators(par.tp, par.pp, par.dp)
                                     + (roll.tensor_parallel_size > 1 if colocated else 0)) if on_gpu else 0.0
     fixed = contexts + nccl
     weights = stage_params * (1 if prec.fp8_param else dtype_bytes) / GIB
     gradients = stage_params * 4 / GIB
     optimizer = stage_params * (8 + (4 if prec.dtype != "fp32" else 0)) / opt_shards / GIB
-    activations = activation_gib(arch, seq, mbs, par.tp, par.sequence_parallel, dtype_bytes)
+    activations = activation_gib(arch, seq, mbs, par.tp, par.sequence_parallel, dtype_bytes, fused_attention)
     logits = logits_gib(arch, seq, mbs, par.tp)
     reference = stage_params * dtype_bytes / GIB if cfg.algo.kl_coef > 0 and not agent.offload_reference else 0.0
     fp8_cache = stage_linear_weights(arch, par.tp, par.pp) * FP8_WEIGHT_CACHE_BYTES / GIB if prec.fp8 else 0.0
-    train_total = fixed + weights + gradients + optimizer + activations + logits + reference + fp8_cache
+    vllm_graphs = VLLM_GRAPH_POOLS_GIB if on_gpu and not roll.enforce_eager else 0.0
+    asleep = vllm_graphs if colocated else 0.0  # a sleeping engine keeps its CUDA graphs on the GPU
+    train_total = fixed + asleep + weights + gradients + optimizer + activations + logits + reference + fp8_cache
     train_state = 0.0 if agent.offload_train_state else gradients + optimizer
-    resident = weights + reference + train_state  # what the trainer keeps on the GPU while the engine works
+    # what the trainer keeps on the GPU while the engine works: Transformer Engine keeps its FP8 weight copies
+    # between steps (`_fp8_workspaces`, cached whenever Megatron passes is_first_microbatch, which it always does)
+    resident = weights + reference + train_state + fp8_cache
 
     vllm_tp = roll.tensor_parallel_size
     if not on_gpu:
@@ -183,7 +197,6 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
     vllm_budget = utilization * gpu_memory if on_gpu else float(roll.cpu_kvcache_gib)
     vllm_weights = total_parameters(arch) * 2 / vllm_tp / GIB  # bf16 serving weights
     vllm_activations = vllm_activation_gib(arch, vllm_tp) if on_gpu else 0.0
-    vllm_graphs = VLLM_GRAPH_POOLS_GIB if on_gpu and not roll.enforce_eager else 0.0
     kv_cache = vllm_budget - (vllm_weights + vllm_activations + vllm_graphs if on_gpu else 0.0)
     kv_sequences = max(0.0, kv_cache) * GIB / (kv_bytes_per_token(arch, vllm_tp) * seq)
     engines = par.world_size // vllm_tp if colocated else 1
@@ -199,13 +212,16 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig) -> AgentPl
     reload = largest_module_bytes(arch, vllm_tp, dtype_bytes) / GIB if on_gpu else 0.0
     refit_total = (fixed + (resident if colocated else 0.0) + (vllm_weights + vllm_graphs if on_gpu else 0.0)
                    + export + staging + worker_copy + reload)
-    checkpoint_total = fixed + weights + gradients + optimizer + reference
+    checkpoint_total = fixed + asleep + weights + gradients + optimizer + reference + fp8_cache
 
     problems = []
     of = f"{MARGIN:.0%} of {gpu_memory:.1f} GiB"
     if train_total > limit:
-        problems.append(f"training needs ~{train_total:.1f} GiB per GPU > {of}: lower micro_batch_size, raise tp/pp, "
-                        "use the distributed optimizer or offload_reference")
+        unfused = "" if fused_attention or not on_gpu else (
+            f" (without Transformer Engine the attention is unfused: its s² scores take "
+            f"{attention_score_gib(arch, seq, mbs, par.tp):.1f} GiB — run in the container, which has it, or)")
+        problems.append(f"training needs ~{train_total:.1f} GiB per GPU > {of}:{unfused} lower micro_batch_size, "
+                        "raise tp/pp, use the distributed optimizer or offload_reference")
     if on_gpu and utilization <= 0:
         problems.append(f"nothing is left for vLLM while it generates: the trainer keeps {resident:.1f} GiB resident "
                         f"and the contexts and NCCL take {fixed:.1f}: set offload_train_state: true or raise tp/pp")
@@ -262,9 +278,11 @@ def fp8_notes(cfg: HacpoConfig) -> list[str]:
             for a in cfg.agents if a.precision.fp8 is not None]
 
 
-def plan_run(cfg: HacpoConfig, archs: list[ModelArch], notes: tuple[str, ...] = ()) -> RunPlan:
-    """The whole run's plan: `archs[i]` is the architecture of `cfg.agents[i]`; `notes` are printed with it."""
-    plans = [plan_agent(agent, arch, cfg) for agent, arch in zip(cfg.agents, archs, strict=True)]
+def plan_run(cfg: HacpoConfig, archs: list[ModelArch], notes: tuple[str, ...] = (),
+             fused_attention: bool = True) -> RunPlan:
+    """The whole run's plan: `archs[i]` is the architecture of `cfg.agents[i]`; `notes` are printed with it.
+    `fused_attention`: the trainers run Transformer Engine's attention (the container; `plan_agent`)."""
+    plans = [plan_agent(agent, arch, cfg, fused_attention) for agent, arch in zip(cfg.agents, archs, strict=True)]
     cluster = cfg.runtime.cluster
     nodes = node_hosts([p.host for p in plans], cfg) if cluster.device == "cuda" else []
     io = checkpoint_io(list(zip(cfg.agents, archs, strict=True)), cfg, [p.parameters for p in plans])
@@ -281,16 +299,18 @@ def plan_run(cfg: HacpoConfig, archs: list[ModelArch], notes: tuple[str, ...] = 
     return RunPlan(tuple(plans), tuple(nodes), io, tuple(extra))
 
 
-def startup_plan(cfg: HacpoConfig) -> tuple[HacpoConfig, RunPlan]:
+def startup_plan(cfg: HacpoConfig, fused_attention: bool | None = None) -> tuple[HacpoConfig, RunPlan]:
     """The driver's start-up check on CUDA: the plan of `cfg`, refused (one `ConfigError` naming the keys) when a
     phase cannot fit; returns the config with every `gpu_memory_utilization: auto` replaced by the plan's value
-    (on CPU: `rollout.settings.CPU_AUTO_FRACTION`), and the plan."""
-    from nemo_hacpo.models.architecture import model_arch
+    (on CPU: `rollout.settings.CPU_AUTO_FRACTION`), and the plan. `fused_attention`: None plans the attention the
+    trainers here will run — Transformer Engine's when it is installed, else the local spec's."""
+    from nemo_hacpo.models.architecture import model_arch, transformer_engine_available
     from nemo_hacpo.models.tokenizers import load_tokenizer
 
     archs = [model_arch(a, len(load_tokenizer(tokenizer_source(a))) if a.model.source == "tiny" else None)
              for a in cfg.agents]
-    plan = plan_run(cfg, archs)
+    fused = transformer_engine_available() if fused_attention is None else fused_attention
+    plan = plan_run(cfg, archs, fused_attention=fused)
     if cfg.runtime.cluster.device == "cuda":
         issues = [ConfigIssue(f"agents[{i}]", problem, "see python recipes/train.py --plan")
                   for i, p in enumerate(plan.agents) for problem in p.problems]
@@ -354,6 +374,11 @@ def format_plan(plan: RunPlan | list[AgentPlan], cfg: HacpoConfig) -> str:
             fits = "—" if cluster.host_memory_gib is None else "fits" if need <= cluster.host_memory_gib else "NO"
             lines.append(f"| {n.index} | {', '.join(f'{name} × {c}' for name, c in n.slots)} | {n.generate:.0f} | "
                          f"{n.refit:.0f} | {n.checkpoint:.0f} | {fits} |")
+    pinning = [f"{p.name} ~{p.host.first_offload_s:.0f} s ({p.host.offload:.1f} GiB)" for p in plans if p.host.offload]
+    if cuda and pinning:
+        lines.append(f"first offload of the train state per rank: {', '.join(pinning)} — pinning the host arena at "
+                     f"{PIN_GBPS} GB/s, once per run (later offloads and restores copy at ~72 GB/s into the same "
+                     "buffers, kept across checkpoints)")
     io = plan.checkpoint
     if io.total_bytes:
         lines.append(f"checkpoint: {io.total_bytes / 1e12:.2f} TB; hashing in the driver after the save ~"

@@ -18,9 +18,12 @@ shrinks its device storage to zero bytes; the gradient buffers (Megatron DDP's f
 references stay the same, so nothing else has to know. The code is the same on CPU and CUDA: on CPU the
 "device" storage is host memory too, and shrinking it really frees it, which is what the tests measure.
 
-Host memory on CUDA: each pinned copy is a block of torch's host caching allocator, rounded up to a power of two
-and kept cached after `restore()` frees it (the next `offload()` reuses it). `planning.host_memory` counts these
-blocks per node; the checkpoint save empties that cache around its write (`trainer_checkpoint.release_host_cache`).
+Host memory on CUDA: the pinned copies are an arena the first `offload()` allocates (each tensor a block of
+torch's host caching allocator, rounded up to a power of two) and every later one reuses; `restore()` keeps it
+(`keep_host`). Pinning is slow — ~2.2 GB/s on an H200 host: the first offload of 41.5 GiB took 21.9 s, the next
+0.62 s — so the arena lives for the whole run, through checkpoints too: the save's emptying of the host cache
+(`trainer_checkpoint.release_host_cache`) frees only the writer's copies, not these live tensors.
+`planning.host_memory` counts the arena in every phase of its node.
 """
 
 from __future__ import annotations
@@ -48,10 +51,13 @@ class TrainStateOffload:
     Args:
         optimizer: the Megatron optimizer (its torch optimizer's `state` and `param_groups` are moved).
         models: the DDP-wrapped model chunks (their `buffers` hold `grad_data`).
+        keep_host: keep the host copies after `restore()` for the next `offload()` to copy into (None: on CUDA,
+            where they are pinned and pinning is what costs; on CPU the state would then sit in memory twice).
     """
 
-    def __init__(self, optimizer: Any, models: Sequence[Any]):
+    def __init__(self, optimizer: Any, models: Sequence[Any], keep_host: bool | None = None):
         self.optimizer, self.models = optimizer, list(models)
+        self.keep_host = torch.cuda.is_available() if keep_host is None else keep_host
         self.offloaded = False
         self._host: dict[int, torch.Tensor] = {}
         self._model_storages = {p.untyped_storage().data_ptr() for m in self.models for p in m.parameters()}
@@ -80,6 +86,10 @@ class TrainStateOffload:
                 if getattr(buffer, "grad_data", None) is not None:
                     yield buffer.grad_data
 
+    def host_bytes(self) -> int:
+        """Bytes of host copies held now (while offloaded; with `keep_host`, from the first offload on)."""
+        return sum(host.numel() for host in self._host.values())
+
     def device_bytes(self) -> int:
         """Bytes the optimizer state and gradient buffers occupy on their device right now."""
         state = {t.untyped_storage().data_ptr(): _storage_bytes(t) for t in self._all_state()}
@@ -98,7 +108,9 @@ class TrainStateOffload:
         pin = torch.cuda.is_available()
         for tensor in self.state_tensors():
             storage = tensor.untyped_storage()
-            host = torch.empty(storage.nbytes(), dtype=torch.uint8, device="cpu", pin_memory=pin)
+            host = self._host.get(id(tensor))
+            if host is None or host.numel() != storage.nbytes():
+                host = torch.empty(storage.nbytes(), dtype=torch.uint8, device="cpu", pin_memory=pin)
             host.untyped_storage().copy_(storage)
             key = id(tensor)
             self._host[key], self._tracked[key] = host, tensor
@@ -117,7 +129,7 @@ class TrainStateOffload:
         if not self.offloaded:
             return
         for key, tensor in self._tracked.items():
-            host = self._host.pop(key)
+            host = self._host[key] if self.keep_host else self._host.pop(key)
             storage = tensor.untyped_storage()
             storage.resize_(host.numel())
             storage.copy_(host.untyped_storage(), non_blocking=False)

@@ -184,7 +184,7 @@ class MegatronTrainer:
                on_gpu: bool) -> None:
         from megatron.core import parallel_state
 
-        from nemo_hacpo.models.architecture import transformer_config
+        from nemo_hacpo.models.architecture import transformer_config, transformer_engine_available
         from nemo_hacpo.models.hf_conversion import ModelParallel
         from nemo_hacpo.training.distributed import seed_all
 
@@ -199,7 +199,7 @@ class MegatronTrainer:
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.pad_to_multiple = pad_to_multiple if pad_to_multiple is not None else default_pad_multiple(agent)
         self.logit_temperature = float(logit_temperature)
-        self.use_te = use_te if use_te is not None else (on_gpu and _transformer_engine_available())
+        self.use_te = use_te if use_te is not None else (on_gpu and transformer_engine_available())
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -577,11 +577,3 @@ def default_pad_multiple(agent: AgentConfig) -> int:
     (which splits the sequence over the TP ranks): lcm(fp8 multiple, tp if sequence_parallel else 1)."""
     parallel = agent.parallel
     return math.lcm(fp8_pad_multiple(agent), parallel.tp if parallel.sequence_parallel else 1)
-
-
-def _transformer_engine_available() -> bool:
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return False
-    return True

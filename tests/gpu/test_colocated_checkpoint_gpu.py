@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers.distributed import run_distributed
 
-pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.needs("vllm")]
 
 ENGINE_SHARE = 0.9
 STATE_SHARE = 0.2

@@ -19,7 +19,7 @@ from nemo_hacpo.data.prompts import problem_to_messages
 from nemo_hacpo.models.tokenizers import load_tokenizer
 from tests.helpers import hf_models as tiny
 
-pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.needs("vllm")]
 
 
 MATCH_TOLERANCE = 1e-3

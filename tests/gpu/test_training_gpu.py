@@ -31,7 +31,7 @@ from nemo_hacpo.config import (
 )
 from nemo_hacpo.training.objective import Objective
 
-pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.needs("transformer_engine")]
 
 VOCAB_SIZE = 32000
 NUM_ROWS = 16

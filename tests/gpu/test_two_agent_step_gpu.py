@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.gpu, pytest.mark.integration, pytest.mark.slow, pytest.mark.needs("vllm", "transformer_engine")]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -352,8 +352,11 @@ def test_steps_and_reward_timeout():
 
 def test_trio_tiny_has_three_heterogeneous_agents():
     cfg = load_config("trio_tiny")
-    assert [a.name for a in cfg.agents] == ["llama_tiny", "gpt_tiny", "qwen_tiny"]
-    assert cfg.agents[2].model.tiny.qk_layernorm and cfg.agents[2].tokenizer.chat_template.startswith("{% for m")
+    assert [a.name for a in cfg.agents] == ["llama_tiny", "qwen_tiny", "gpt_tiny"]
+    assert [a.tokenizer.source for a in cfg.agents] == ["tiny-bpe", "tiny-words", "tiny-unigram"]  # three tokenizers
+    assert cfg.agents[1].model.tiny.qk_layernorm and cfg.agents[2].model.tiny.normalization == "LayerNorm"
+    pair = load_config("pair_tiny")  # the default pair's agents, at the same places: the same warm starts
+    assert cfg.agents[:2] == pair.agents and cfg.data == pair.data and cfg.warmstart == pair.warmstart
     assert cfg.algo.sequences_per_learner(3) == 96  # n·B·G = 3·8·4
 
 

@@ -5,12 +5,12 @@ rank of host copies, the pinned offload buffers and vLLM's pinned backups went u
 from __future__ import annotations
 
 import pytest
-from tests.unit.planning.test_plan import LLAMA_PS, LLAMA_TOTAL, QWEN_PS
 
 from nemo_hacpo.config import ConfigError, load_config
 from nemo_hacpo.models.architecture import model_arch
 from nemo_hacpo.planning.host_memory import agent_host, node_slots
 from nemo_hacpo.planning.plan import format_plan, plan_run, startup_plan
+from tests.unit.planning.test_plan import LLAMA_PS, LLAMA_TOTAL, QWEN_PS
 
 GIB = 1024**3
 # llama70b's busiest rank (tp=8, pp=4): pinned blocks are powers of two. fp32 (4 bytes): the embedding shard
@@ -33,8 +33,11 @@ def test_one_llama70b_slot_by_hand(large_env):
     assert host.processes == pytest.approx(3.0 * (1 + 1 + 1 / 8))  # trainer, vLLM worker, 1/8 of an engine core
     assert host.offload == pytest.approx(3 * LLAMA_FP32_BLOCKS / GIB) == pytest.approx(29.63, abs=0.01)
     assert 3 * 4 * LLAMA_PS / GIB == pytest.approx(25.39, abs=0.01)  # the state unrounded: blocks cost 17 % more
-    assert host.vllm_weights == pytest.approx(VLLM_BF16_BLOCKS / GIB) and host.vllm_pools == 1.5
-    assert host.steady == pytest.approx(6.375 + 3 * LLAMA_FP32_BLOCKS / GIB + 1.5 + VLLM_BF16_BLOCKS / GIB)
+    assert host.vllm_weights == pytest.approx(VLLM_BF16_BLOCKS / GIB)
+    # no pinned backup of vLLM's CUDA graphs: they stay on the GPU while the engine sleeps (issue #38, item 10)
+    assert host.steady == pytest.approx(6.375 + 3 * LLAMA_FP32_BLOCKS / GIB + VLLM_BF16_BLOCKS / GIB)
+    # the first offload pins the arena at 2.2 GB/s: ~14 s per rank, once per run
+    assert host.first_offload_s == pytest.approx(3 * LLAMA_FP32_BLOCKS / 2.2e9) == pytest.approx(14.46, abs=0.01)
     # dp_reshardable: every rank pins what it writes — its optimizer shard, and (DP rank 0) weights + reference
     assert host.save_dp0 == pytest.approx((3 * LLAMA_FP32_BLOCKS + 2 * LLAMA_BF16_BLOCKS) / GIB)
 
@@ -45,17 +48,18 @@ def test_llama70b_nodes_per_phase_and_what_dp_reshardable_saves(large_env):
     assert [n.slots for n in plan.nodes] == [(("llama70b", 8),)] * 4 + [(("qwen8b", 8),)]
     llama = plan.agents[0].host
     node = plan.nodes[0]
-    assert node.generate == node.refit == pytest.approx(8 * llama.steady) == pytest.approx(454.1, abs=0.1)
-    # checkpoint: the offload's pinned buffers are released before the write (the state is back on the GPU)
-    assert node.checkpoint == pytest.approx(8 * (llama.steady - llama.offload) + 8 * llama.save_dp0)
-    assert node.checkpoint == pytest.approx(533.1, abs=0.1)
+    assert node.generate == node.refit == pytest.approx(8 * llama.steady) == pytest.approx(442.1, abs=0.1)
+    # checkpoint: the offload's pinned arena stays (re-pinning it after every save would cost ~14 s per rank) and
+    # every rank pins what it writes
+    assert node.checkpoint == pytest.approx(8 * llama.steady + 8 * llama.save_dp0)
+    assert node.checkpoint == pytest.approx(758.1, abs=0.1)
     # the default fully_reshardable save: on every rank (DP = 1: each is DP rank 0) the gathered state (12 bytes
     # per parameter), its own shard (12 more) and one key's received list + concatenation (8): 67.7 GiB — the
     # issue's "~68 GiB per rank" — 759 GiB per node
     full, archs = _cfg("agents.0.optimizer.checkpoint_format=fully_reshardable")
     full_plan = plan_run(full, archs)
     assert full_plan.agents[0].host.save_dp0 == pytest.approx(32 * LLAMA_PS / GIB) == pytest.approx(67.70, abs=0.01)
-    assert full_plan.nodes[0].checkpoint == pytest.approx(8 * (llama.steady - llama.offload) + 8 * 32 * LLAMA_PS / GIB)
+    assert full_plan.nodes[0].checkpoint == pytest.approx(8 * llama.steady + 8 * 32 * LLAMA_PS / GIB)
 
 
 def test_qwen8b_gathers_onto_dp_rank_0_only(large_env):
@@ -69,7 +73,7 @@ def test_qwen8b_gathers_onto_dp_rank_0_only(large_env):
     assert qwen.save_dp0 == pytest.approx(2 * state + 2 * pinned_bf16(QWEN_PS_TENSORS()))
     node = plan.nodes[4]
     # tp=2 · dp=4 on one node: 2 ranks are DP rank 0
-    assert node.checkpoint == pytest.approx(8 * (qwen.steady - qwen.offload) + 2 * qwen.save_dp0 + 6 * qwen.save_other)
+    assert node.checkpoint == pytest.approx(8 * qwen.steady + 2 * qwen.save_dp0 + 6 * qwen.save_other)
 
 
 def QWEN_PS_TENSORS():  # noqa: N802 - the busiest qwen8b rank's tensors, as the plan sees them
@@ -88,14 +92,14 @@ def pinned_bf16(tensors):
 
 
 def test_a_node_without_the_ram_is_refused_naming_the_key(large_env):
-    cfg, archs = _cfg("runtime.cluster.host_memory_gib=512")
+    cfg, archs = _cfg("runtime.cluster.host_memory_gib=700")
     plan = plan_run(cfg, archs)
     assert not plan.fits and plan.host_problems == (
-        "✗ host RAM: node 0 needs ~533 GiB > runtime.cluster.host_memory_gib = 512: use optimizer.checkpoint_format: "
+        "✗ host RAM: node 0 needs ~758 GiB > runtime.cluster.host_memory_gib = 700: use optimizer.checkpoint_format: "
         "dp_reshardable, offload_train_state: false, or nodes with more RAM",)
-    assert "| 0 | llama70b × 8 | 454 | 454 | 533 | NO |" in format_plan(plan, cfg)
+    assert "| 0 | llama70b × 8 | 442 | 442 | 758 | NO |" in format_plan(plan, cfg)
     with pytest.raises(ConfigError) as err:
-        startup_plan(cfg)
+        startup_plan(cfg, fused_attention=True)  # the container: Transformer Engine's attention
     assert [issue.key for issue in err.value.issues] == ["runtime.cluster.host_memory_gib"]
     unset, archs = _cfg("runtime.cluster.host_memory_gib=null")
     assert plan_run(unset, archs).fits and "host RAM is not checked" in format_plan(plan_run(unset, archs), unset)
@@ -104,12 +108,27 @@ def test_a_node_without_the_ram_is_refused_naming_the_key(large_env):
 def test_the_driver_resolves_auto_from_the_plan_and_refuses_a_misfit(large_env):
     cfg, _ = _cfg()
     assert {a.rollout.gpu_memory_utilization for a in cfg.agents} == {"auto"}
-    resolved, plan = startup_plan(cfg)
-    assert [a.rollout.gpu_memory_utilization for a in resolved.agents] == [0.74, 0.66]
-    assert [p.vllm_utilization for p in plan.agents] == [0.74, 0.66]
+    resolved, plan = startup_plan(cfg, fused_attention=True)
+    assert [a.rollout.gpu_memory_utilization for a in resolved.agents] == [0.71, 0.63]
+    assert [p.vllm_utilization for p in plan.agents] == [0.71, 0.63]
     with pytest.raises(ConfigError) as err:
-        startup_plan(load_config("pair_large", ["agents.1.parallel.micro_batch_size=4"]))
+        startup_plan(load_config("pair_large", ["agents.1.parallel.micro_batch_size=4"]), fused_attention=True)
     assert err.value.issues[0].key == "agents[1]" and "training needs" in err.value.issues[0].problem
+
+
+def test_a_gpu_without_transformer_engine_is_refused_naming_the_unfused_attention(large_env):
+    """On a GPU without Transformer Engine the trainer runs the local spec's attention, which keeps every layer's
+    s² scores (issue #38, item 6: 20 GiB at 4,096 tokens for 8 layers, measured): pair_large cannot train there, and
+    the driver says so before anything starts — what this machine, without Transformer Engine, plans by default."""
+    with pytest.raises(ConfigError) as err:
+        startup_plan(load_config("pair_large"), fused_attention=False)
+    assert [issue.key for issue in err.value.issues] == ["agents[0]", "agents[1]"]
+    assert "s² scores take" in err.value.issues[1].problem and "run in the container" in err.value.issues[1].problem
+    from nemo_hacpo.models.architecture import transformer_engine_available
+
+    if not transformer_engine_available():  # the default plans what this process's trainers would run
+        with pytest.raises(ConfigError):
+            startup_plan(load_config("pair_large"))
 
 
 def test_on_cpu_auto_is_the_default_fraction():
