@@ -78,6 +78,10 @@ done
 # driver on a directory in use exits 2 naming the first (its lock, <dir>/run.lock).
 export HACPO_OUTPUT_DIR=${HACPO_OUTPUT_DIR:-$REPO_DIR/outputs/$CONFIG}
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# NVLink SHARP's buffers take 1.6 GB of every GPU for one communicator and ~6 GB for three or more on H100 switch
+# systems (NVIDIA/nccl issue 864); the plan counts 0.5 GiB per communicator (planning/gpu_memory.py), as NeMo's
+# launcher does by turning it off. Every srun step, Ray worker and actor inherits it; set it to 1 to measure.
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 LOG_DIR=$HACPO_OUTPUT_DIR/logs
 RAY_TEMP_DIR=${RAY_TEMP_DIR:-/tmp/ray-hacpo-$JOB_ID}  # short: Ray's socket paths must fit in 107 bytes
 RAY_WAIT_S=${RAY_WAIT_S:-600}
@@ -266,6 +270,20 @@ ray_up 1 "$head_node"
 [[ ${#nodes[@]} -gt 1 ]] && ray_up "${#nodes[@]}" "${nodes[@]:1}"
 
 # ------------------------------------------------------------------------------------------ driver
+# The job's end time, for the driver's own stop before it: inside the container there is no squeue or scontrol,
+# so the driver cannot ask Slurm itself (it would fall back to the SIGUSR1 lead alone). Asked here, on the host,
+# at every start (a requeued job has a new one), with the host's time zone written out; a runtime.stop_by given
+# to sbatch is left as it is.
+if [[ " ${overrides[*]} " != *" runtime.stop_by="* ]]; then
+    job_end=$(squeue -h -j "$JOB_ID" -o %e 2>/dev/null | head -n 1 || true)
+    if [[ "$job_end" =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]+$ ]]; then
+        job_end=$(date -d "$job_end" +%Y-%m-%dT%H:%M:%S%:z 2>/dev/null || echo "$job_end")
+        overrides+=("runtime.stop_by=$job_end")
+        echo "[hacpo] the job ends at $job_end: the driver saves and stops before it (runtime.stop_by)"
+    else
+        echo "[hacpo] no end time from squeue (${job_end:-no answer}): the driver stops early only on SIGUSR1"
+    fi
+fi
 if [[ $preempt_requested -eq 1 ]]; then
     echo "[hacpo] not starting the driver: SIGUSR1 came while Ray started"
     exit "$EXIT_PREEMPTED"

@@ -242,9 +242,11 @@ class AgentGroup:
         rank that wrote it (`training.checkpoint_files`)."""
         return Pending(self, [a.save.remote(directory, step, digest) for a in self.actors], "save", None, _first)
 
-    def save_hf(self, directory: str) -> Pending[None]:
-        """The current weights as an HF checkpoint (+ tokenizer) in `directory`."""
-        return Pending(self, [a.save_hf.remote(directory) for a in self.actors], "save_hf", None, _nothing)
+    def save_hf(self, directory: str, release_engine: bool = False) -> Pending[None]:
+        """The current weights as an HF checkpoint (+ tokenizer) in `directory`; `release_engine`: a colocated
+        engine sleeps for good first (the end of the run, `AgentRank.save_hf`)."""
+        return Pending(self, [a.save_hf.remote(directory, release_engine) for a in self.actors], "save_hf", None,
+                       _nothing)
 
     def sft(self, prompts: list[list[dict]] | None, solutions: list[str] | None, steps: int, batch_size: int,
             seed: int, first_step: int = 0) -> Pending[list[float]]:

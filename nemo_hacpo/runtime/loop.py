@@ -360,8 +360,9 @@ class HacpoRun:
         return 0
 
     def export_hf(self) -> dict[str, Path]:
-        """Every agent's current weights (+ tokenizer) as an HF checkpoint under `<output_dir>/hf/<agent>`."""
-        pending = {a: g.save_hf(str(self.out_dir / "hf" / a)) for a, g in self.groups.items()}
+        """Every agent's current weights (+ tokenizer) as an HF checkpoint under `<output_dir>/hf/<agent>`, the
+        end of the run: colocated engines sleep for good first."""
+        pending = {a: g.save_hf(str(self.out_dir / "hf" / a), release_engine=True) for a, g in self.groups.items()}
         for call in pending.values():
             call.result()
         return {a: self.out_dir / "hf" / a for a in self.agents}

@@ -29,10 +29,11 @@ logger = logging.getLogger(__name__)
 RECORD_FILE = "config.yaml"
 
 IDENTITY = (
-    r"agents\[\d+\]\.(name|model\..*|tokenizer\..*|max_prompt_length|max_response_length)",
+    r"agents\[\d+\]\.(name|model\..*|tokenizer\..*|max_prompt_length|max_response_length|warmstart\..*)",
     r"agents",  # the number of agents
     r"data\.(train|eval)\..*|data\.(system_prompt|shuffle_seed)",
-    r"warmstart\.(enabled|steps|batch_size|lr|num_problems|seed)",
+    r"warmstart\.(enabled|steps|batch_size|lr|num_problems|seed|direct_answer_fraction|stop_early_fraction|"
+    r"narrated_fraction)",
     r"algo\.(name|capability_window|ratio_min|ratio_max|capability_floor|capability_warmup_steps)",
     r"runtime\.seed",
 )

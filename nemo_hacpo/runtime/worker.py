@@ -529,11 +529,22 @@ class AgentRank:
     def load(self, directory: str) -> dict[str, Any]:
         return self._trainer().load_checkpoint(directory)
 
-    def save_hf(self, directory: str) -> str:
+    def save_hf(self, directory: str, release_engine: bool = False) -> str:
         """Collective: the current weights as an HF checkpoint (+ tokenizer) in `directory`; every rank returns
-        once it is complete on disk (engine ranks on other nodes start vLLM on it next)."""
+        once it is complete on disk (engine ranks on other nodes start vLLM on it next).
+
+        `release_engine` (the end of the run: nothing generates after it): a colocated engine first sleeps for good
+        (level 2, collectively as every transition), so the export's gathered tensors never meet its weights and KV
+        cache on the GPU — awake, llama70b's GPUs would hold ~75 GiB during the export (issue #38, item 11)."""
         from nemo_hacpo.models.hf_conversion import save_hf_checkpoint
 
+        engine = self.engine
+        if release_engine and self.engine_group is not None:
+            slept = engine is not None and engine.can_sleep and not engine.asleep
+            self._group().transition(engine, (lambda e: e.sleep(level=2)) if slept else None, release_cached_memory,
+                                     "the engine's sleep before the final export")
+            if slept:
+                self.phases.append("engine:asleep")
         trainer = self._trainer()
         save_hf_checkpoint([trainer.module], self.arch, self.tokenizer, directory, parallel=trainer.model_parallel,
                            sync=True)

@@ -156,7 +156,8 @@ def _config():
 
 def checkpoint_and_refit(timeline_file: str, run_dir: str, port: int, what: str) -> list[str]:
     """`what` = "save": the engine (awake, as after a refit) sleeps for a checkpoint and wakes after it.
-    `what` = "refit": the engine (asleep, as after generating) wakes its weights, loads, wakes its KV cache."""
+    `what` = "refit": the engine (asleep, as after generating) wakes its weights, loads, wakes its KV cache.
+    `what` = "export": the end of the run — the engine (awake) sleeps for good before the HF export."""
     import dataclasses
 
     import torch.distributed as dist
@@ -179,6 +180,8 @@ def checkpoint_and_refit(timeline_file: str, run_dir: str, port: int, what: str)
     dist.barrier()  # the driver waits for every rank's call before it makes the next
     if what == "save":
         rank.save(f"{run_dir}/ckpt", 1)
+    elif what == "export":
+        rank.save_hf(f"{run_dir}/hf", release_engine=True)
     else:
         rank.refit()
     dist.barrier()
@@ -293,6 +296,21 @@ def test_refit_wakes_the_engine_only_after_every_rank_released(tmp_path):
     assert _transitions(events) == ["wake(weights)", "wake(kv_cache)"]
     assert violations(events) == []
     assert first[-1] == "asleep: []"
+
+
+def test_the_final_export_puts_the_engine_to_sleep_first(tmp_path):
+    """Issue #38, item 11: the end-of-run export gathered full tensors next to an awake engine (~75 GiB on
+    llama70b's GPUs). Now the engine sleeps for good (level 2) once every rank has released, then the ranks export."""
+    timeline = tmp_path / "timeline.jsonl"
+    first, _ = run_distributed(checkpoint_and_refit, 2, str(timeline), str(tmp_path), free_port(), "export",
+                               timeout_s=600)
+    events = _timeline(timeline)
+    assert _transitions(events) == ["sleep(2)"]
+    assert violations(events) == []
+    asleep_at = next(t for t, _, kind, what in events if kind == "end" and what == "sleep(2)")
+    exports = [t for t, _, kind, what in events if kind == "alloc" and what == "export"]
+    assert len(exports) == 2 and min(exports) > asleep_at  # both ranks export only after the engine slept
+    assert first[-1] == "asleep: ['kv_cache', 'weights']" and (tmp_path / "hf" / "config.json").is_file()
 
 
 def test_engine_start_generation_and_resume_hand_the_gpus_over_collectively(tmp_path):

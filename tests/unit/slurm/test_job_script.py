@@ -23,7 +23,8 @@ import json, os, sys, time
 argv = sys.argv[1:]
 log_path = os.environ["SRUN_LOG"]
 with open(log_path, "a") as log:
-    log.write(json.dumps({"argv": argv, "pythonpath": os.environ.get("PYTHONPATH", "")}) + "\n")
+    log.write(json.dumps({"argv": argv, "pythonpath": os.environ.get("PYTHONPATH", ""),
+                          "nvls": os.environ.get("NCCL_NVLS_ENABLE")}) + "\n")
 if any(arg.endswith("slurm/node_address.py") for arg in argv):
     print("10.0.0.1")
 if "start" in argv and "--block" in argv:
@@ -72,7 +73,10 @@ def _job_env(tmp_path: Path, output_dir: bool = True, **env: str) -> dict[str, s
     (bin_dir / "srun").write_text(FAKE_SRUN)
     (bin_dir / "scontrol").write_text(FAKE_SCONTROL)
     # the job's Ray steps, and scancel --signal=TERM stopping them at teardown
-    (bin_dir / "squeue").write_text("#!/bin/sh\necho '4242.1 hacpo-ray'\n")
+    # the job's Ray steps (--steps), or its end time (-o %e: FAKE_END, default a time in local time, as Slurm
+    # prints it)
+    (bin_dir / "squeue").write_text('#!/bin/sh\ncase "$*" in *%e*) echo "${FAKE_END-2099-07-01T18:00:00}" ;;\n'
+                                    "*) echo '4242.1 hacpo-ray' ;; esac\n")
     (bin_dir / "scancel").write_text('#!/bin/sh\n[ "$1" = --signal=TERM ] && touch "$SRUN_LOG.stopped"\nexit 0\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
@@ -104,6 +108,35 @@ def test_one_ray_step_per_node_and_the_driver_on_the_head(tmp_path):
     assert "runtime.cluster.ray_address=10.0.0.1:6379" in driver["argv"] and "runtime.steps=2" in driver["argv"]
     assert "runtime.cluster.num_nodes=2" in driver["argv"]
     assert not any(a.startswith("--container") for c in calls for a in c["argv"])  # on the host without an image
+
+
+def test_the_driver_gets_the_jobs_end_time_and_nvlink_sharp_off(tmp_path):
+    """Issue #38, items 12 and 13: inside the container the driver cannot ask Slurm for the job's end time (no
+    squeue there), so the script asks on the host and passes it as runtime.stop_by, its time zone written out; and
+    every step runs with NVLink SHARP's buffers off (NCCL_NVLS_ENABLE=0), as the plan assumes."""
+    done, calls = _run_job(tmp_path, TZ="UTC", CONTAINER_IMAGE="/images/hacpo.sqsh")
+    assert done.returncode == 0, done.stdout + done.stderr
+    driver = next(c for c in calls if any(a.endswith("recipes/train.py") for a in c["argv"]))
+    assert "runtime.stop_by=2099-07-01T18:00:00+00:00" in driver["argv"]
+    assert "[hacpo] the job ends at 2099-07-01T18:00:00+00:00" in done.stdout
+    assert {c["nvls"] for c in calls} == {"0"}
+    # a stop_by given to sbatch wins; no time limit (squeue: N/A), no stop_by; NCCL_NVLS_ENABLE=1 is kept
+    for case, env, extra, want in (("given", {}, ["runtime.stop_by=2099-01-01T00:00"], ["runtime.stop_by=2099-01-01T00:00"]),
+                                   ("unlimited", {"FAKE_END": "N/A"}, [], []),
+                                   ("nvls", {"NCCL_NVLS_ENABLE": "1"}, [], None)):
+        full_env = _job_env(tmp_path / case, **env)
+        done = subprocess.run(["bash", str(SCRIPT), "runtime.steps=2", *extra], env=full_env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        calls = [json.loads(line) for line in Path(full_env["SRUN_LOG"]).read_text().splitlines()]
+        driver = next(c for c in calls if any(a.endswith("recipes/train.py") for a in c["argv"]))
+        if want is not None:
+            assert [a for a in driver["argv"] if a.startswith("runtime.stop_by=")] == want, case
+        else:
+            assert {c["nvls"] for c in calls} == {"1"}
+    assert "no end time from squeue (N/A)" in subprocess.run(
+        ["bash", str(SCRIPT)], env=_job_env(tmp_path / "again", FAKE_END="N/A"), capture_output=True, text=True,
+        timeout=60).stdout
 
 
 def test_with_an_image_every_step_shares_the_jobs_container_and_sees_the_data(tmp_path):
