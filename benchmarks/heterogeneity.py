@@ -7,7 +7,7 @@ p10 / p50 / p90, the share of cross rows inside the clip window, the share with 
 
     python benchmarks/heterogeneity.py                                   # every candidate of CANDIDATES
     python benchmarks/heterogeneity.py --only default,state --prompts 64
-    python benchmarks/heterogeneity.py --aggregate-only                   # the table again from what was measured
+    python benchmarks/heterogeneity.py --aggregate-only                   # the table of every candidate measured
 
 The candidates differ from the default pair (`pair_tiny`) in one thing each, all in qwen_tiny (agent 1), so that
 llama_tiny's warm start is the default run's: a capability gap (fewer warm-start steps, a smaller model, a
@@ -38,10 +38,6 @@ CANDIDATES: dict[str, tuple[str, list[str], str]] = {
               "capability gap: qwen_tiny warm-started 100 steps instead of 300"),
     "state60": ("pair_tiny", ["agents.1.warmstart.steps=60"],
                 "capability gap: qwen_tiny warm-started 60 steps instead of 300"),
-    "state150": ("pair_tiny", ["agents.1.warmstart.steps=150"],
-                 "capability gap: qwen_tiny warm-started 150 steps instead of 300"),
-    "state200": ("pair_tiny", ["agents.1.warmstart.steps=200"],
-                 "capability gap: qwen_tiny warm-started 200 steps instead of 300"),
     "size": ("pair_tiny", QWEN_3X128, "capability gap: qwen_tiny at 3 × 128 (0.79M parameters)"),
     "habit": ("pair_tiny", ["agents.1.warmstart.stop_early_fraction=0.1"],
               "capability gap: qwen_tiny stops early on 10 % of multi-step solutions instead of 60 %"),
@@ -120,17 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
         raise SystemExit(f"unknown candidate(s) {unknown}; choose from {list(CANDIDATES)}")
-    records = []
     for name in names:
-        path = args.out / name / "heterogeneity.json"
-        if args.aggregate_only or path.is_file():
-            if path.is_file():
-                records.append(json.loads(path.read_text()))
+        if args.aggregate_only or (args.out / name / "heterogeneity.json").is_file():
             continue
         print(f"[heterogeneity] {name}: {CANDIDATES[name][2]}", flush=True)
-        records.append(measure_candidate(name, args.out, args.prompts, args.samples, args.seed))
-        print(table(records[-1:]), flush=True)
-    records.sort(key=lambda r: list(CANDIDATES).index(r["candidate"]))
+        print(table([measure_candidate(name, args.out, args.prompts, args.samples, args.seed)]), flush=True)
+    # the table holds every candidate measured so far, whichever this call measured
+    records = [json.loads(path.read_text()) for name in CANDIDATES
+               if (path := args.out / name / "heterogeneity.json").is_file()]
     markdown = table(records)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "candidates.md").write_text(markdown + "\n")

@@ -1,0 +1,232 @@
+"""The study on pairs that differ (benchmarks/results/heterogeneous_pairs/DESIGN.md): every run in the order fixed
+there, then the report.
+
+    python benchmarks/heterogeneous_study.py run        # resumable: finished runs are skipped (hours on 2 cores)
+    python benchmarks/heterogeneous_study.py run --phase main
+    python benchmarks/heterogeneous_study.py report     # tables, paired tests, the per-direction diagnosis
+
+Each phase's studies run side by side, one `benchmarks/sample_efficiency.py` process each (its runs one after the
+other, seed by seed), into `benchmarks/results/heterogeneous_pairs/<study>/`; their logs are `<study>/study.log`.
+`report` rebuilds every study's results.md, compares the ablations with hacpo seed by seed, and writes
+`heterogeneous_pairs/results.md`: the primary and secondary comparisons per pair and agent, and per direction what
+each sharing algorithm took from the partner's rows (s, and the share with gradient by the sign of the advantage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from study_stats import format_pm, paired_difference  # noqa: E402  (sibling module)
+
+OUT = ROOT / "benchmarks" / "results" / "heterogeneous_pairs"
+HETEROGENEITY = ROOT / "benchmarks" / "results" / "heterogeneity"
+SEEDS = "0,1,2,3,4,5,6,7"
+ALGOS = "hacpo,naive,naive_onpolicy,gspo,gspo_x2"
+PRIMARY = (("hacpo", "naive"), ("naive", "gspo"), ("hacpo", "gspo_x2"), ("hacpo", "gspo"))
+SECONDARY = (("naive_onpolicy", "gspo"), ("hacpo", "naive_onpolicy"), ("naive", "naive_onpolicy"), ("gspo_x2", "gspo"))
+PAIRS = {
+    "habit": ["agents.1.warmstart.stop_early_fraction=0.1"],
+    "style": ["agents.1.warmstart.narrated_fraction=1.0"],
+}
+THRESHOLDS = {"habit": "llama_tiny=0.565,qwen_tiny=0.856", "style": "llama_tiny=0.565,qwen_tiny=0.555"}
+ABLATIONS = {"habit_no_adv": "algo.ablation.capability_baseline=false",
+             "habit_no_omega": "algo.ablation.gradient_modulation=false"}
+SCHEDULE = ["--steps", "30", "--eval-interval", "5", "--order", "seed"]
+BONFERRONI_T = 4.41
+"""|t| over which a paired difference holds after Bonferroni over the 16 primary tests (two-sided 5 %, 7 d.f.)."""
+
+
+def _compare(pairs: Sequence[tuple[str, str]]) -> str:
+    return ",".join(f"{a}-{b}" for a, b in pairs)
+
+
+def trio_gpt_overrides() -> list[str]:
+    """gpt_tiny's size for the trio: of the two measured (`trio`: 4 × 256, `trio_gpt192`: 4 × 192), the one whose
+    warm start answers more held-out problems greedily (DESIGN.md)."""
+    from heterogeneity import CANDIDATES
+
+    greedy = {}
+    for name in ("trio", "trio_gpt192"):
+        record = json.loads((HETEROGENEITY / name / "heterogeneity.json").read_text())
+        greedy[name] = record["accuracy"]["gpt_tiny"]["greedy_avg@1"]
+    return CANDIDATES[max(greedy, key=greedy.get)][1]
+
+
+def studies(phase: str) -> dict[str, list[str]]:
+    """`{study: sample_efficiency.py arguments}` of one phase."""
+    if phase == "main":
+        return {pair: ["--config-name", "pair_tiny", "--algos", ALGOS, "--seeds", SEEDS, *SCHEDULE,
+                       "--threshold", THRESHOLDS[pair], "--compare", _compare(PRIMARY + SECONDARY),
+                       "--out", str(OUT / pair), "runtime.eval_samples=0", *PAIRS[pair]] for pair in PAIRS}
+    if phase == "ablations":
+        return {name: ["--config-name", "pair_tiny", "--algos", "hacpo", "--seeds", SEEDS, *SCHEDULE,
+                       "--threshold", THRESHOLDS["habit"], "--out", str(OUT / name), "runtime.eval_samples=0",
+                       *PAIRS["habit"], override] for name, override in ABLATIONS.items()}
+    if phase == "trio":
+        return {"trio": ["--config-name", "trio_tiny", "--algos", "hacpo,gspo", "--seeds", "0", *SCHEDULE,
+                         "--compare", "hacpo-gspo", "--out", str(OUT / "trio"), "runtime.eval_samples=0",
+                         *PAIRS["habit"], *trio_gpt_overrides()]}
+    raise ValueError(f"unknown phase {phase!r}")
+
+
+PHASES = ("main", "ablations", "trio")
+
+
+def run(phases: Sequence[str]) -> int:
+    status = 0
+    for phase in phases:
+        procs = {}
+        for name, args in studies(phase).items():
+            (OUT / name).mkdir(parents=True, exist_ok=True)
+            log = (OUT / name / "study.log").open("a")
+            print(f"[study] {phase}: {name} → {OUT / name} (log: study.log)", flush=True)
+            procs[name] = (subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "sample_efficiency.py"), *args],
+                                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
+        for name, (proc, log) in procs.items():
+            rc = proc.wait()
+            log.close()
+            print(f"[study] {phase}: {name} ended with status {rc}", flush=True)
+            status = status or rc
+    return status
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _results(name: str) -> dict | None:
+    path = OUT / name / "results.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _finals(results: Mapping, agent: str, algo: str) -> dict[int, float]:
+    return {run["seed"]: run["agents"][agent]["final_accuracy"] for run in results["runs"]
+            if run["algo"] == algo and agent in run["agents"]}
+
+
+def paired_lines(results: Mapping, pair: str, comparisons: Sequence[tuple[str, str]], label: str,
+                 other: Mapping | None = None) -> list[dict[str, object]]:
+    """One row per agent and comparison a − b: mean ± std over seeds, 95 % interval, t, seeds for / against.
+    `other`: b's results come from another study (the ablations against hacpo)."""
+    rows = []
+    agents = sorted({a for run in results["runs"] for a in run["agents"]})
+    for agent in agents:
+        for a, b in comparisons:
+            diff = paired_difference(_finals(results, agent, a), _finals(other or results, agent, b))
+            if not diff.seeds:
+                continue
+            low, high = diff.interval_95
+            rows.append({"pair": pair, "agent": agent, "comparison": f"{a}{label} − {b}", "seeds": len(diff.seeds),
+                         "mean ± std": format_pm(diff.mean, diff.std), "95 % interval":
+                         "n/a" if math.isnan(low) else f"[{low:+.3f}, {high:+.3f}]",
+                         "for / against": f"{diff.wins} / {diff.losses}", "t": f"{diff.t:.2f}",
+                         "reading": _reading(diff.t)})
+    return rows
+
+
+def _reading(t: float) -> str:
+    if math.isnan(t):
+        return "one seed"
+    if abs(t) > BONFERRONI_T:
+        return "holds (Bonferroni)"
+    return "5 % level only" if abs(t) > 2.365 else "not distinguishable"
+
+
+def direction_rows(pair: str) -> list[dict[str, object]]:
+    """Per sharing algorithm and direction source → learner: the means over steps and seeds of s p50 and the
+    shares of the partner's rows with gradient (all, A > 0, A < 0), from every run's metrics.jsonl."""
+    runs_dir = OUT / pair / "runs"
+    rows = []
+    if not runs_dir.is_dir():
+        return rows
+    values: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for metrics in sorted(runs_dir.glob("*_seed*/metrics.jsonl")):
+        algo = metrics.parent.name.rsplit("_seed", 1)[0]
+        for line in metrics.read_text().splitlines():
+            record = json.loads(line)
+            for key, value in record.items():
+                parts = key.split("/")
+                if len(parts) == 4 and parts[1] == "from" and isinstance(value, int | float):
+                    direction = f"{parts[2]} → {parts[0]}"
+                    values.setdefault((algo, direction), {}).setdefault(parts[3], []).append(float(value))
+    for (algo, direction), stats in sorted(values.items()):
+        mean = {k: sum(v) / len(v) for k, v in stats.items() if v}
+        rows.append({"pair": pair, "algo": algo, "direction": direction, "steps × seeds": len(stats.get("grad_frac", [])),
+                     "s p50": f"{mean.get('s_p50', math.nan):.3g}",
+                     "with gradient": f"{mean.get('grad_frac', math.nan):.3f}",
+                     "A > 0 with gradient": f"{mean.get('grad_pos_frac', math.nan):.3f}",
+                     "A < 0 with gradient": f"{mean.get('grad_neg_frac', math.nan):.3f}"})
+    return rows
+
+
+def report() -> str:
+    from nemo_hacpo.reporting import markdown_table
+
+    lines = ["# Where HACPO's corrections matter: results", "",
+             "Decided before it ran: [DESIGN.md](DESIGN.md). Per pair: [habit](habit/results.md), "
+             "[style](style/results.md) (final accuracies, curves with ± std bands, McNemar pooled over seeds, "
+             "rollouts to each agent's threshold).", ""]
+    primary, secondary, directions = [], [], []
+    for pair in PAIRS:
+        results = _results(pair)
+        if results is None:
+            continue
+        primary += paired_lines(results, pair, PRIMARY, "")
+        secondary += paired_lines(results, pair, SECONDARY, "")
+        directions += direction_rows(pair)
+    if primary:
+        lines += ["## Primary comparisons (final greedy held-out accuracy, paired by seed)", "",
+                  markdown_table(primary, list(primary[0])), ""]
+    if secondary:
+        lines += ["## Secondary comparisons", "", markdown_table(secondary, list(secondary[0])), ""]
+    hacpo = _results("habit")
+    ablations = []
+    for name in ABLATIONS:
+        results = _results(name)
+        if results is not None and hacpo is not None:
+            label = " −Adv" if name.endswith("adv") else " −ω"
+            ablations += paired_lines(results, "habit", [("hacpo", "hacpo")], label, other=hacpo)
+    if ablations:
+        lines += ["## Ablations on habit (each against full hacpo, the same seeds)", "",
+                  markdown_table(ablations, list(ablations[0])), ""]
+    if directions:
+        lines += ["## What each sharing algorithm took from the partner's rows", "",
+                  "Means over the 30 steps and the seeds of each run's per-direction metrics: the partner's rows' "
+                  "ratio s when trained, and the share of them whose gradient was not zero, split by the sign of "
+                  "the advantage (HACPO: inside [lo_u, 1]; naive, naive_onpolicy: the PPO minimum takes the "
+                  "unclipped term).", "", markdown_table(directions, list(directions[0])), ""]
+    trio = _results("trio")
+    if trio is not None:
+        rows = [{"agent": row["agent"], "algo": row["algo"], "start": f"{row['start_mean']:.3f}",
+                 "final": f"{row['final_mean']:.3f}"} for row in trio["summary"]]
+        lines += ["## Three agents (seed 0)", "", markdown_table(rows, list(rows[0])), ""]
+        lines += ["![trio](trio/accuracy_vs_rollouts.png)", ""]
+    text = "\n".join(lines)
+    (OUT / "results.md").write_text(text + "\n")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=["run", "report"])
+    parser.add_argument("--phase", action="append", choices=PHASES, help="only these phases (default: all, in order)")
+    args = parser.parse_args(argv)
+    if args.what == "run":
+        return run(args.phase or PHASES)
+    for name in [*PAIRS, *ABLATIONS, "trio"]:  # every study's own results.md, from its runs
+        command = OUT / name / "command.txt"
+        if command.is_file():
+            recorded = command.read_text().split()
+            subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sample_efficiency.py"), *recorded[2:],
+                            "--aggregate-only"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    print(report())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
