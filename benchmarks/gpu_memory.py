@@ -5,13 +5,14 @@ megatron-core (Transformer Engine and vLLM optional), in one command.
     python benchmarks/gpu_memory.py --shapes llama_1b --steps 3
     python benchmarks/gpu_memory.py --dry-run                # the script's own logic on CPU (gloo, a tiny shape)
 
-Per shape it builds `MegatronTrainer` (bf16, the distributed optimizer, an NCCL world of one; Transformer Engine's
-layer spec when it is installed, else Megatron's local spec), runs a log-prob pass and steps of 2 updates, a
-train-state offload round trip twice (the second into the kept arena), and prints per shape
+Per shape and attention (`--attention`: Megatron's unfused local attention, torch SDPA — what a GPU without Transformer
+Engine runs —, and Transformer Engine's spec where it is installed) it builds `MegatronTrainer` (bf16, the
+distributed optimizer, an NCCL world of one), runs a log-prob pass and steps of 2 updates, a train-state offload
+round trip twice (the second into the kept arena), and prints per shape and attention
 
     state         allocated after a step: weights + gradients + optimizer      | the plan's P·(2 + 4 + 12)
     transient     the peak above that                                          | activations + logits (+ the s²
-                                                                                  scores with unfused attention)
+                                                                                  scores with the local attention)
     outside       GPU memory outside torch's allocator after each phase         | TRAINER_PROCESS_GIB
     step s, TFLOP/s, MFU (of the GPU's dense bf16 peak), offload / restore GB/s, first and second offload
 
@@ -96,7 +97,7 @@ def plan_terms(arch, seq: int, micro_batch: int, fused: bool) -> dict[str, float
 
 
 def measure_shape(name: str, spec: TinyModelSpec, vocab: int, rows_n: int, seq: int, micro_batch: int, steps: int,
-                  dry_run: bool, peak_tflops: float | None) -> dict:
+                  dry_run: bool, peak_tflops: float | None, attention: str) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from train_step_mfu import make_rows
 
@@ -122,9 +123,10 @@ def measure_shape(name: str, spec: TinyModelSpec, vocab: int, rows_n: int, seq: 
     cuda = torch.cuda
     cuda.reset_peak_memory_stats()
     base = cuda.memory_allocated()
-    trainer = MegatronTrainer(agent, arch, seed=0)
+    trainer = MegatronTrainer(agent, arch, seed=0, use_te=attention == "te", attention="auto" if attention == "te"
+                              else attention)
     try:
-        out["te"] = trainer.use_te
+        out["attention"] = trainer.attention
         out["params_M"] = sum(p.numel() for p in trainer.module.parameters()) / 1e6
         out["outside_gib"]["trainer built"] = outside_allocator_gib(dry_run)
         rows = make_rows(rows_n, seq, seq // 8, vocab)
@@ -161,7 +163,7 @@ def measure_shape(name: str, spec: TinyModelSpec, vocab: int, rows_n: int, seq: 
             cuda.synchronize()
             out[f"{attempt}_restore_s"] = time.perf_counter() - start
             out["offload_gib"] = moved / GIB
-        out["plan"] = plan_terms(arch, seq, micro_batch, fused=trainer.use_te)
+        out["plan"] = plan_terms(arch, seq, micro_batch, fused=trainer.attention != "local")
     finally:
         trainer.close()
         del trainer
@@ -179,7 +181,7 @@ def _fake_cuda() -> None:
 
 
 def table(results: dict) -> str:
-    lines = ["| shape | params | attention | state GiB (plan) | transient GiB (plan) | outside GiB after step | "
+    lines = ["| shape, attention | params | kernel | state GiB (plan) | transient GiB (plan) | outside GiB after step | "
              "step s | TFLOP/s | MFU | logits B/elem | offload 1st / 2nd s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         if "error" in r:
@@ -187,7 +189,7 @@ def table(results: dict) -> str:
             continue
         plan = r["plan"]
         lines.append(
-            f"| {name} | {r['params_M']:.0f}M | {'TE fused' if r['te'] else 'local, unfused'} | "
+            f"| {name} | {r['params_M']:.0f}M | {r['attention']} | "
             f"{r['state_gib']:.2f} ({plan['state_gib']:.2f}) | {r['transient_gib']:.2f} ({plan['transient_gib']:.2f}) | "
             f"{r['outside_gib'].get('first optimizer step', math.nan):.2f} | {r['step_s']:.3f} | {r['tflops']:.0f} | "
             f"{r['mfu']:.1%} | {r['logits_bytes_per_element']:.2f} | {r['first_offload_s']:.2f} / "
@@ -200,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {list(SHAPES)}")
     parser.add_argument("--steps", type=int, default=2, help="timed steps after the first")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak (default: by name)")
+    parser.add_argument("--attention", default="local,sdpa,te",
+                        help="comma-separated of local (Megatron's unfused), sdpa, te (skipped without Transformer "
+                             "Engine)")
     parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, a tiny shape: the script's own logic")
     parser.add_argument("--out", type=Path, default=Path("outputs/gpu_memory.json"))
     args = parser.parse_args(argv)
@@ -222,13 +227,18 @@ def main(argv: list[str] | None = None) -> int:
     init_distributed(0, 1, "127.0.0.1", 29517)
     per_shape: dict = {}
     try:
+        from nemo_hacpo.models.architecture import transformer_engine_available
+
+        kinds = [k for k in args.attention.split(",") if k != "te" or transformer_engine_available()]
         for name, (spec, vocab, rows, seq, micro_batch) in shapes.items():
-            print(f"[gpu_memory] {name}: {rows} rows × {seq} tokens, micro-batch {micro_batch}", flush=True)
-            try:
-                per_shape[name] = measure_shape(name, spec, vocab, rows, seq, micro_batch, args.steps, args.dry_run,
-                                                peak)
-            except Exception as err:  # noqa: BLE001 — one shape failing (out of memory) must not hide the others
-                per_shape[name] = {"error": f"{type(err).__name__}: {err}"}
+            for kind in kinds:
+                label = f"{name}, {kind}"
+                print(f"[gpu_memory] {label}: {rows} rows × {seq} tokens, micro-batch {micro_batch}", flush=True)
+                try:
+                    per_shape[label] = measure_shape(name, spec, vocab, rows, seq, micro_batch, args.steps,
+                                                     args.dry_run, peak, kind)
+                except Exception as err:  # noqa: BLE001 — a shape out of memory must not hide the others
+                    per_shape[label] = {"error": f"{type(err).__name__}: {err}"}
     finally:
         destroy_distributed()
     results["shapes"] = per_shape

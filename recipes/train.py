@@ -32,9 +32,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--describe", action="store_true", help="list every config key with its meaning and exit")
     parser.add_argument("--plan", action="store_true",
                         help="print GPUs, layout and memory per GPU of every agent; exit 2 if a layout cannot fit")
-    parser.add_argument("--plan-attention", choices=["fused", "unfused"], default="fused",
-                        help="with --plan: the trainers run Transformer Engine's fused attention (the container, "
-                             "default) or the local spec's unfused attention (a GPU without Transformer Engine)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. algo=gspo runtime.steps=20")
     return parser.parse_args(argv)
 
@@ -58,22 +55,15 @@ def _compose(args: argparse.Namespace):
                            "groups by name (algo=gspo)") from err
 
 
-def print_plan(cfg, notes: list[str], attention: str = "fused") -> int:
-    """Print the plan (`planning.plan`); exit status 2 when something cannot fit. `notes`: checks that were skipped.
-    `attention`: the trainers' attention the plan counts (`--plan-attention`)."""
-    from nemo_hacpo.models.architecture import model_arch, transformer_engine_available
+def print_plan(cfg, notes: list[str]) -> int:
+    """Print the plan (`planning.plan`); exit status 2 when something cannot fit. `notes`: checks that were skipped."""
+    from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.models.tokenizers import load_tokenizer
     from nemo_hacpo.planning.plan import format_plan, plan_run
 
     archs = [model_arch(agent, len(load_tokenizer(agent.tokenizer.source)) if agent.model.source == "tiny" else None)
              for agent in cfg.agents]  # HF models: shapes from config.json only
-    if cfg.runtime.cluster.device == "cuda":
-        notes = [*notes, "attention: " + (
-            "Transformer Engine's fused attention (the container's; a GPU without Transformer Engine runs the local "
-            "spec's unfused attention: --plan-attention unfused)" if attention == "fused" else
-            "the local spec's unfused attention (a GPU without Transformer Engine): every layer keeps its s² scores")
-            + ("" if transformer_engine_available() else "; transformer_engine is not installed here")]
-    plan = plan_run(cfg, archs, tuple(notes), fused_attention=attention == "fused")
+    plan = plan_run(cfg, archs, tuple(notes))
     print(format_plan(plan, cfg))
     return 0 if plan.fits else 2
 
@@ -103,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_config(cfg))
         return 0
     if args.plan:
-        return print_plan(cfg, notes, args.plan_attention)
+        return print_plan(cfg, notes)
 
     from nemo_hacpo.runtime import train  # imports Ray, Megatron and vLLM lazily
 

@@ -120,6 +120,11 @@ class RolloutConfig:
     """Top-k sampling (-1 = off)."""
     seed: int | None = None
     """Engine seed; null = derived from runtime.seed and the agent index."""
+    seeded_requests: bool = True
+    """Every request its own seed: a batch's samples do not depend on how vLLM schedules it (a run is bit-for-bit
+    reproducible, a resumed run equal to an uninterrupted one). vLLM then draws each seeded request's sampling noise
+    in a Python loop at every decode step (`benchmarks/sampling_seeds.py`); false: the engine's seed alone,
+    reproducible only on the same schedule — pair_large's choice, where GPU kernels are not bit-exact anyway."""
     refit_transport: Literal["rpc", "ipc"] = "rpc"
     """How the trainer's new weights reach the engine after each step (`rollout.refit`). `rpc`: the engine rank
     sends HF-layout tensors in safetensors chunks over vLLM's `collective_rpc` to every engine worker (simple, any

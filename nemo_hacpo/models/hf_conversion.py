@@ -350,7 +350,8 @@ def save_hf_checkpoint(model_chunks: torch.nn.Module | Sequence[torch.nn.Module]
     pending: dict[str, torch.Tensor] = {}
     pending_bytes = total_bytes = 0
     export_dtype = dtype
-    for name, tensor in export_hf_weights(model_chunks, arch, dtype=dtype, to_cpu=True, parallel=parallel,
+    # only the writer copies tensors to host memory: the others iterate for the collectives and drop each one
+    for name, tensor in export_hf_weights(model_chunks, arch, dtype=dtype, to_cpu=writer, parallel=parallel,
                                           converter=converter):
         export_dtype = export_dtype or tensor.dtype
         if not writer:
@@ -365,18 +366,36 @@ def save_hf_checkpoint(model_chunks: torch.nn.Module | Sequence[torch.nn.Module]
     if writer:
         shard_files.append(_write_shard(staging, len(shard_files), pending, save_file))
         _name_shards(staging, shard_files, total_bytes)
-        tokens: dict[str, int | None] = {}
-        if tokenizer is not None:
-            if len(tokenizer) > arch.vocab_size:
-                raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model only {arch.vocab_size}")
-            tokens = {f"{t}_token_id": getattr(tokenizer, f"{t}_token_id", None) for t in ("bos", "eos", "pad")}
-            tokenizer.save_pretrained(str(staging))
-        hf_config(arch, dtype=export_dtype or torch.float32, **tokens).save_pretrained(str(staging))
+        _write_config_and_tokenizer(arch, tokenizer, staging, export_dtype or torch.float32)
         _move_into_place(staging, out)
     if sync and torch.distributed.is_initialized():
         # (if rank 0 failed above, the others wait here until the collective timeout; the driver has the error)
         torch.distributed.barrier()
     return out if writer else None
+
+
+def _write_config_and_tokenizer(arch: ModelArch, tokenizer: Any | None, directory: Path, dtype: torch.dtype) -> None:
+    tokens: dict[str, int | None] = {}
+    if tokenizer is not None:
+        if len(tokenizer) > arch.vocab_size:
+            raise ValueError(f"tokenizer has {len(tokenizer)} tokens but the model only {arch.vocab_size}")
+        tokens = {f"{t}_token_id": getattr(tokenizer, f"{t}_token_id", None) for t in ("bos", "eos", "pad")}
+        tokenizer.save_pretrained(str(directory))
+    hf_config(arch, dtype=dtype, **tokens).save_pretrained(str(directory))
+
+
+def write_hf_config(arch: ModelArch, tokenizer: Any | None, out_dir: str | os.PathLike,
+                    dtype: torch.dtype = torch.float32) -> Path:
+    """An HF checkpoint directory without weights — config.json (+ the tokenizer's files) — atomically in place:
+    what vLLM needs to start with `load_format="dummy"` before the weights are refit into it. Not collective."""
+    out = Path(out_dir)
+    staging = out.with_name(f".{out.name}.partial")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    _write_config_and_tokenizer(arch, tokenizer, staging, dtype)
+    _move_into_place(staging, out)
+    return out
 
 
 def _move_into_place(staging: Path, out: Path) -> None:

@@ -72,6 +72,9 @@ PIN_GBPS = 2.2
 8 GiB in 3.73 s), so a trainer's first `offload()` of 41.5 GiB took 21.9 s and the second, into the same blocks,
 0.62 s (72 GB/s, as the restore). The plan prints the first offload's time: once per run, since the arena is kept."""
 
+SHARED_FS_WRITE_GBPS = 1.0
+"""Assumption: one client's sequential write to the shared file system (the export's single writer per agent)."""
+
 OPTIMIZER_STATE_BYTES = 12
 """Bytes per parameter of the distributed optimizer's saved state: the fp32 main copy, Adam's m and v (Megatron's
 `get_parameter_state_dp_zero` gathers these three keys)."""
@@ -209,3 +212,36 @@ def checkpoint_io(agents: list[tuple[AgentConfig, ModelArch]], cfg: HacpoConfig,
         largest = max(largest, writer)
     read_rate = min(SHARED_FS_READ_GBPS, 8 * BLAKE3_GBPS_PER_CORE) * 1e9
     return CheckpointIO(total, largest, total / read_rate, largest / (BLAKE3_GBPS_PER_CORE * 1e9))
+
+
+@dataclass(frozen=True)
+class EngineStartIO:
+    """What starting the agents' engines moves through the shared file system, per start (a requeue included)."""
+
+    export_written_bytes: float
+    """The former start (before issue #40): every agent's whole model exported as an HF checkpoint."""
+    export_read_bytes: float
+    """… and read back by every engine."""
+    export_s: float
+    """… its time: the agents in parallel, each its writer's bytes then one engine's read (the engines of an agent
+    read at once, one client each)."""
+    fresh_read_bytes: float
+    """A fresh run now: every engine reads its agent's own HF checkpoint; nothing is written."""
+    fresh_s: float
+
+
+def engine_start_io(agents: list[tuple[AgentConfig, ModelArch]], total_parameters: list[int]) -> EngineStartIO:
+    """The engines' start, from the checkpoints' sizes (bf16 serving weights, 2 bytes per parameter):
+    export = bytes / SHARED_FS_WRITE_GBPS + bytes / SHARED_FS_READ_GBPS per agent, the slowest agent's; fresh =
+    bytes / SHARED_FS_READ_GBPS; a resume reads and writes nothing (placeholder weights, then a refit in memory)."""
+    written = read = fresh_read = 0.0
+    export_s = fresh_s = 0.0
+    for (agent, _), parameters in zip(agents, total_parameters, strict=True):
+        checkpoint = 2.0 * parameters
+        engines = agent.parallel.world_size // agent.rollout.tensor_parallel_size if agent.rollout.colocated else 1
+        written += checkpoint
+        read += engines * checkpoint
+        fresh_read += engines * checkpoint
+        export_s = max(export_s, checkpoint / (SHARED_FS_WRITE_GBPS * 1e9) + checkpoint / (SHARED_FS_READ_GBPS * 1e9))
+        fresh_s = max(fresh_s, checkpoint / (SHARED_FS_READ_GBPS * 1e9))
+    return EngineStartIO(written, read, export_s, fresh_read, fresh_s)

@@ -77,11 +77,14 @@ from nemo_hacpo.planning.host_memory import (
     BLAKE3_GBPS_PER_CORE,
     PIN_GBPS,
     SHARED_FS_READ_GBPS,
+    SHARED_FS_WRITE_GBPS,
     AgentHost,
     CheckpointIO,
+    EngineStartIO,
     NodeHost,
     agent_host,
     checkpoint_io,
+    engine_start_io,
     node_hosts,
 )
 from nemo_hacpo.planning.preflight import check_agents, tokenizer_source
@@ -154,9 +157,10 @@ class AgentPlan:
         return max(self.train_total, self.generate_total, self.refit_total, self.checkpoint_total)
 
 def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig, fused_attention: bool = True) -> AgentPlan:
-    """The plan of one agent (see the module docstring for every term). `fused_attention`: the trainer runs
-    Transformer Engine's attention (the container); False: the local spec's unfused attention (a GPU without
-    Transformer Engine: its s² scores are counted, `gpu_memory.attention_score_gib`)."""
+    """The plan of one agent (see the module docstring for every term). `fused_attention`: the trainer's attention
+    keeps no s² scores — Transformer Engine's, or torch SDPA where it is missing (`training.sdpa_attention`), what
+    a CUDA trainer runs; False: Megatron's unfused local attention (`MegatronTrainer(attention="local")`, and what
+    the first H200 run measured: its s² scores are counted, `gpu_memory.attention_score_gib`)."""
     par, prec, roll = agent.parallel, agent.precision, agent.rollout
     cluster = cfg.runtime.cluster
     on_gpu = cluster.device == "cuda"
@@ -218,8 +222,8 @@ def plan_agent(agent: AgentConfig, arch: ModelArch, cfg: HacpoConfig, fused_atte
     of = f"{MARGIN:.0%} of {gpu_memory:.1f} GiB"
     if train_total > limit:
         unfused = "" if fused_attention or not on_gpu else (
-            f" (without Transformer Engine the attention is unfused: its s² scores take "
-            f"{attention_score_gib(arch, seq, mbs, par.tp):.1f} GiB — run in the container, which has it, or)")
+            f" (the unfused attention's s² scores take {attention_score_gib(arch, seq, mbs, par.tp):.1f} GiB: "
+            "use Transformer Engine's or SDPA, or)")
         problems.append(f"training needs ~{train_total:.1f} GiB per GPU > {of}:{unfused} lower micro_batch_size, "
                         "raise tp/pp, use the distributed optimizer or offload_reference")
     if on_gpu and utilization <= 0:
@@ -258,6 +262,7 @@ class RunPlan:
     nodes: tuple[NodeHost, ...]
     checkpoint: CheckpointIO
     notes: tuple[str, ...] = ()
+    engine_start: EngineStartIO | None = None
 
     @property
     def host_problems(self) -> tuple[str, ...]:
@@ -281,11 +286,13 @@ def fp8_notes(cfg: HacpoConfig) -> list[str]:
 def plan_run(cfg: HacpoConfig, archs: list[ModelArch], notes: tuple[str, ...] = (),
              fused_attention: bool = True) -> RunPlan:
     """The whole run's plan: `archs[i]` is the architecture of `cfg.agents[i]`; `notes` are printed with it.
-    `fused_attention`: the trainers run Transformer Engine's attention (the container; `plan_agent`)."""
+    `fused_attention`: the trainers' attention keeps no s² scores (`plan_agent`)."""
     plans = [plan_agent(agent, arch, cfg, fused_attention) for agent, arch in zip(cfg.agents, archs, strict=True)]
     cluster = cfg.runtime.cluster
     nodes = node_hosts([p.host for p in plans], cfg) if cluster.device == "cuda" else []
     io = checkpoint_io(list(zip(cfg.agents, archs, strict=True)), cfg, [p.parameters for p in plans])
+    start = engine_start_io(list(zip(cfg.agents, archs, strict=True)), [p.parameters for p in plans]) \
+        if cluster.device == "cuda" else None
     extra = list(notes) + fp8_notes(cfg)
     if nodes and cluster.host_memory_gib is None:
         extra.append("host RAM is not checked: set runtime.cluster.host_memory_gib to one node's RAM (GiB)")
@@ -296,21 +303,19 @@ def plan_run(cfg: HacpoConfig, archs: list[ModelArch], notes: tuple[str, ...] = 
             extra.append(f"✗ host RAM: node {worst.index} needs ~{need:.0f} GiB > runtime.cluster.host_memory_gib = "
                          f"{cluster.host_memory_gib:.0f}: use optimizer.checkpoint_format: dp_reshardable, "
                          "offload_train_state: false, or nodes with more RAM")
-    return RunPlan(tuple(plans), tuple(nodes), io, tuple(extra))
+    return RunPlan(tuple(plans), tuple(nodes), io, tuple(extra), start)
 
 
-def startup_plan(cfg: HacpoConfig, fused_attention: bool | None = None) -> tuple[HacpoConfig, RunPlan]:
+def startup_plan(cfg: HacpoConfig) -> tuple[HacpoConfig, RunPlan]:
     """The driver's start-up check on CUDA: the plan of `cfg`, refused (one `ConfigError` naming the keys) when a
     phase cannot fit; returns the config with every `gpu_memory_utilization: auto` replaced by the plan's value
-    (on CPU: `rollout.settings.CPU_AUTO_FRACTION`), and the plan. `fused_attention`: None plans the attention the
-    trainers here will run — Transformer Engine's when it is installed, else the local spec's."""
-    from nemo_hacpo.models.architecture import model_arch, transformer_engine_available
+    (on CPU: `rollout.settings.CPU_AUTO_FRACTION`), and the plan."""
+    from nemo_hacpo.models.architecture import model_arch
     from nemo_hacpo.models.tokenizers import load_tokenizer
 
     archs = [model_arch(a, len(load_tokenizer(tokenizer_source(a))) if a.model.source == "tiny" else None)
              for a in cfg.agents]
-    fused = transformer_engine_available() if fused_attention is None else fused_attention
-    plan = plan_run(cfg, archs, fused_attention=fused)
+    plan = plan_run(cfg, archs)
     if cfg.runtime.cluster.device == "cuda":
         issues = [ConfigIssue(f"agents[{i}]", problem, "see python recipes/train.py --plan")
                   for i, p in enumerate(plan.agents) for problem in p.problems]
@@ -379,6 +384,14 @@ def format_plan(plan: RunPlan | list[AgentPlan], cfg: HacpoConfig) -> str:
         lines.append(f"first offload of the train state per rank: {', '.join(pinning)} — pinning the host arena at "
                      f"{PIN_GBPS} GB/s, once per run (later offloads and restores copy at ~72 GB/s into the same "
                      "buffers, kept across checkpoints)")
+    start = plan.engine_start
+    if start is not None:
+        lines.append(f"engine start: a fresh run's engines read their agents' own checkpoints ({start.fresh_read_bytes / 1e9:.0f} "
+                     f"GB, ~{start.fresh_s / 60:.1f} min at {SHARED_FS_READ_GBPS:.0f} GB/s per engine), a resume reads "
+                     f"and writes nothing (placeholder weights, then one refit); the former export at every start "
+                     f"wrote {start.export_written_bytes / 1e9:.0f} GB and read {start.export_read_bytes / 1e9:.0f} GB "
+                     f"back (~{start.export_s / 60:.1f} min at {SHARED_FS_WRITE_GBPS:.0f} GB/s write, "
+                     f"{SHARED_FS_READ_GBPS:.0f} GB/s read per client)")
     io = plan.checkpoint
     if io.total_bytes:
         lines.append(f"checkpoint: {io.total_bytes / 1e12:.2f} TB; hashing in the driver after the save ~"

@@ -133,12 +133,14 @@ class RolloutEngine:
     @classmethod
     def from_agent(cls, agent: AgentConfig, model_dir: str | Path, *, tokenizer_dir: str | Path | None = None,
                    device: Device | None = None, default_seed: int = 0,
-                   cpu_cores: Sequence[int] | None = None) -> RolloutEngine:
+                   cpu_cores: Sequence[int] | None = None, dummy_weights: bool = False) -> RolloutEngine:
         """Start the engine of `agent` from the HF checkpoint in `model_dir`.
 
         The tokenizer is the agent's (`agent.tokenizer.source`; `model` = the checkpoint's own) unless
         `tokenizer_dir` is given. `device` defaults to CUDA when available. `default_seed` is used when
         `agent.rollout.seed` is null. `cpu_cores` (CPU): the cores the engine's threads are bound to.
+        `dummy_weights`: `model_dir` needs only its config.json; the weights are vLLM's placeholders
+        (`load_format="dummy"`) until the caller refits real ones — nothing is read from disk.
         """
         from nemo_hacpo.models.tokenizers import load_tokenizer, tokenizer_path
 
@@ -148,7 +150,7 @@ class RolloutEngine:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         settings = engine_settings(agent, model_dir, tokenizer_dir, device=device, default_seed=default_seed,
-                                   cpu_cores=cpu_cores)
+                                   cpu_cores=cpu_cores, dummy_weights=dummy_weights)
         return cls(settings, load_tokenizer(Path(tokenizer_dir)), sampling=SamplingSettings.from_config(agent.rollout),
                    chat_template=agent.tokenizer.chat_template)
 
@@ -198,8 +200,11 @@ class RolloutEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        base = call_base_seed(self.settings.seed, self._generate_calls) if seed is None else seed
-        seeds = request_seeds(base, len(prompt_token_ids), n)
+        if self.settings.seeded_requests or seed is not None:
+            base = call_base_seed(self.settings.seed, self._generate_calls) if seed is None else seed
+            seeds: list[int | None] = list(request_seeds(base, len(prompt_token_ids), n))
+        else:  # the engine's own generator: no per-request loop in vLLM's sampler
+            seeds = [None] * len(prompt_token_ids)
         params = [SamplingParams(**sampling_kwargs(sampling or self.sampling, n=n, max_tokens=max_tokens,
                                                    eos_token_id=self.eos_token_id, seed=s)) for s in seeds]
         prompts = [list(map(int, ids)) for ids in prompt_token_ids]

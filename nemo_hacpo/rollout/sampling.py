@@ -10,7 +10,9 @@ quantity the trainer recomputes, so the train/inference mismatch metric compares
 
 Seeds: every request gets its own seed, so a batch's samples do not depend on how vLLM schedules it.
 vLLM gives the G children of a request with seed s the seeds s, s+1, …, s+G−1, so prompt b of a call with
-base seed S gets s_b = (S + b·G) mod 2³¹ and no two responses of one call share a seed.
+base seed S gets s_b = (S + b·G) mod 2³¹ and no two responses of one call share a seed. vLLM draws the noise of
+seeded requests one request at a time at every decode step; `rollout.seeded_requests: false` leaves the
+requests unseeded (the engine's seed only) where that loop costs more than bit-exact reproducibility is worth.
 """
 
 from __future__ import annotations

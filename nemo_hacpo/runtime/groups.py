@@ -29,7 +29,8 @@ from nemo_hacpo.algo.rows import TrainingRows
 from nemo_hacpo.config import AgentConfig, HacpoConfig
 from nemo_hacpo.rollout.engine_group import PeerFailure
 from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
-from nemo_hacpo.runtime.worker import AgentRank, OldLogprobs, RankInfo, rank_log_file
+from nemo_hacpo.runtime.rank_process import TRAINER_ENVIRONMENT, rank_log_file
+from nemo_hacpo.runtime.worker import AgentRank, OldLogprobs, RankInfo
 from nemo_hacpo.training.loss_metrics import TrainMetrics
 from nemo_hacpo.training.objective import Objective
 
@@ -144,8 +145,10 @@ class AgentGroup:
         on_gpu = device == "cuda"
         bundles = [{"CPU": 1, "GPU": gpus_per_rank} if on_gpu else {"CPU": 1} for _ in range(world)]
         # on GPU every actor sees its node's devices (it picks its own from ray.get_gpu_ids()), so a rank can
-        # hand the GPUs of its vLLM TP group to its engine (runtime.placement)
-        runtime_env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}} if on_gpu else None
+        # hand the GPUs of its vLLM TP group to its engine (runtime.placement); the trainer's own variables
+        # (rank_process.TRAINER_ENVIRONMENT) are the ranks' alone: their engines are spawned without them
+        env_vars = dict(TRAINER_ENVIRONMENT) | ({"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if on_gpu else {})
+        runtime_env = {"env_vars": env_vars}
         self.placement = placement_group(bundles, strategy="PACK", name=f"hacpo-{agent.name}")
         try:
             ray.get(self.placement.ready(), timeout=placement_timeout_s)
@@ -184,6 +187,11 @@ class AgentGroup:
             raise
         self._setup = [a.setup.remote(master_addr, master_port, init_weights, start_engine, resume_from)
                        for a in self.actors]
+
+    def environment(self, names: list[str]) -> list[dict[str, Any]]:
+        """Per rank, these environment variables as the rank and its engine's processes see them
+        (`AgentRank.environment`)."""
+        return self.get([a.environment.remote(names) for a in self.actors], "environment")
 
     def wait_ready(self) -> list[RankInfo]:
         """Wait for `setup` (started by the constructor, so several agents start their engines at once)."""

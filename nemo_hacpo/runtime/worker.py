@@ -32,7 +32,6 @@ import collections
 import datetime
 import os
 import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +44,16 @@ from nemo_hacpo.rollout.engine_group import EngineGroup
 from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
 from nemo_hacpo.rollout.refit import RpcRefit, StagedRefit, make_refit_strategy
 from nemo_hacpo.rollout.settings import engine_cpu_cores
+from nemo_hacpo.runtime.rank_process import (
+    TRAINER_ENVIRONMENT,
+    assigned_gpu,
+    node_ip_address,
+    pin_gloo_interface,
+    rank_log_file,
+    redirect_output,
+    set_environment,
+    wait_visible,
+)
 from nemo_hacpo.training.loss_metrics import TrainMetrics
 from nemo_hacpo.training.objective import Objective
 
@@ -53,18 +62,6 @@ if TYPE_CHECKING:
     from nemo_hacpo.rollout.protocol import RolloutBackend
     from nemo_hacpo.training.memory import TrainStateOffload
     from nemo_hacpo.training.trainer import MegatronTrainer
-
-
-def _wait_visible(path: Path, agent: str, rank: int, timeout_s: float = 60.0) -> None:
-    """Wait until `path`, written on another node, shows here: shared filesystems (NFS) may cache a directory's
-    listing for seconds after the barrier that says it is complete."""
-    deadline = time.monotonic() + timeout_s
-    while not path.is_file():
-        if time.monotonic() > deadline:
-            raise FileNotFoundError(f"agent {agent!r} rank {rank}: {path} is not visible on this node "
-                                    f"{timeout_s:.0f} s after rank 0 wrote it; runtime.output_dir must be on a "
-                                    "filesystem every node shares")
-        time.sleep(0.5)
 
 
 def release_cached_memory() -> None:
@@ -107,79 +104,6 @@ class OldLogprobs:
     mean: list[float]
     mismatch: float
     token: list[torch.Tensor] | None = None
-
-
-def _assigned_gpu() -> int | None:
-    """The GPU Ray gave this actor (its index among the node's devices; actors see every GPU of their node,
-    `RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES`), or None outside Ray / on CPU."""
-    if not torch.cuda.is_available():
-        return None
-    try:
-        import ray
-
-        ids = ray.get_gpu_ids() if ray.is_initialized() else []
-    except Exception:  # noqa: BLE001 - not inside a Ray worker
-        return None
-    return int(ids[0]) if ids else None
-
-
-def interface_of(address: str) -> str | None:
-    """The name of this host's network interface that carries `address` (None if none does)."""
-    import psutil
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.family == socket.AF_INET and a.address == address for a in addresses):
-            return name
-    return None
-
-
-def pin_gloo_interface() -> str | None:
-    """Point gloo at the interface of this node's routable address (GLOO_SOCKET_IFNAME, unless already set).
-
-    Without it gloo picks its address by resolving the host name, and falls back to loopback when the name does
-    not resolve, or resolves to 127.0.1.1 (/etc/hosts): the ranks of an agent on other nodes then cannot reach
-    this one. Returns the interface used (None: left to gloo).
-    """
-    if "GLOO_SOCKET_IFNAME" in os.environ:
-        return os.environ["GLOO_SOCKET_IFNAME"]
-    try:
-        address = node_ip_address()
-    except Exception:  # noqa: BLE001 - outside Ray
-        return None
-    name = interface_of(address) if address and not address.startswith("127.") else None
-    if name:
-        os.environ["GLOO_SOCKET_IFNAME"] = name
-    return name
-
-
-def node_ip_address() -> str:
-    """This node's address as the other nodes reach it (Ray's choice, the one its raylet registered with).
-
-    Not `gethostbyname(gethostname())`: many hosts map their own name to 127.0.1.1 in /etc/hosts, which the
-    ranks on other nodes of a multi-node agent cannot connect to.
-    """
-    import ray.util
-
-    return ray.util.get_node_ip_address()
-
-
-def rank_log_file(log_dir: str | Path, agent: str, rank: int) -> Path:
-    """`<log_dir>/<agent>_rank<rank>.log`: where a rank's process output goes."""
-    return Path(log_dir) / f"{agent}_rank{rank}.log"
-
-
-def redirect_output(log_file: Path) -> None:
-    """Send this process's stdout and stderr (file descriptors 1 and 2, so also the engine processes it spawns
-    and C++ libraries) to `log_file`, appending: third-party chatter belongs in the run's logs, not the console."""
-    import sys
-
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
 
 
 class AgentRank:
@@ -245,7 +169,7 @@ class AgentRank:
 
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         world = self.agent.parallel.world_size
-        gpu = _assigned_gpu()
+        gpu = assigned_gpu()
         pin_gloo_interface()
         init_distributed(self.rank, world, master_addr, master_port, timeout_s=self.collective_timeout_s,
                          local_rank=gpu, store=self._store if self.rank == 0 else None)
@@ -272,7 +196,10 @@ class AgentRank:
 
             self.train_state = TrainStateOffload(self.trainer.optimizer, [self.trainer.model])
             self._offload_train_state()
-        engine = self.start_engine() if start_engine else None
+        # a fresh run from an HF checkpoint: the trainer holds exactly its weights, and the engine reads them there
+        serve = start if resume_from is None and start is not None and (Path(start) / "config.json").is_file() \
+            else None
+        engine = self.start_engine(serve) if start_engine else None
         return RankInfo(agent=self.agent.name, rank=self.rank,
                         parameters=sum(p.numel() for p in self.trainer.model.parameters()), family=self.arch.family,
                         engine=engine, host=socket.gethostname(), address=self._node_address(),
@@ -320,42 +247,78 @@ class AgentRank:
             raise FileNotFoundError(f"agent {self.agent.name!r}: no initial weights at {path_obj.resolve()} "
                                     "(expected an HF checkpoint or a trainer checkpoint directory)")
 
-    def start_engine(self) -> dict[str, float] | None:
-        """Collective: save the current weights as an HF checkpoint; engine ranks start vLLM on it (once per run).
+    def start_engine(self, hf_dir: str | None = None) -> dict[str, float] | None:
+        """Collective: engine ranks start vLLM (once per run) without a checkpoint written for it.
+
+        `hf_dir`: an HF checkpoint whose weights the trainer holds exactly (a fresh run from the agent's HF
+        weights or its warm start): the engine reads them there. None (a resume, a random init): the engine starts
+        from the architecture alone — a config.json that rank 0 writes, vLLM's `load_format="dummy"` — and every
+        rank then refits the trainer's weights into it, as after every step. Before, every start exported the whole
+        model to disk and the engines read it back: 141 GB written and 4 × 141 GB read for llama70b at every start
+        and requeue (issue #40; `benchmarks/engine_start.py`).
 
         On CUDA the engine of rank r runs on the GPUs of ranks r .. r+T−1 (`runtime.placement`): they are made
         the only visible devices of the engine's processes, and the engine sleeps while they train. Every rank of
-        the engine's group gives back the export's gathered tensors before the engine measures its GPUs' free
-        memory (the hand-over; the driver's wait for every rank's set-up closes it)."""
-        hf_dir = self.save_hf(str(self.run_dir / "engines" / self.agent.name))
-        self._group().hand_over(release_cached_memory)
-        if self.engine_gpus is None:
-            return None
-        _wait_visible(Path(hf_dir) / "config.json", self.agent.name, self.rank)
-        self.engine = self._new_engine(hf_dir)
-        return self.engine.stats
+        the engine's group gives back what it holds before the engine measures its GPUs' free memory (the
+        hand-over; the driver's wait for every rank's set-up closes it)."""
+        from nemo_hacpo.models.hf_conversion import write_hf_config
 
-    def _new_engine(self, hf_dir: str) -> RolloutBackend:
-        """vLLM on `hf_dir`, on this rank's engine GPUs (the seam a test replaces with an engine of its own)."""
+        model_dir = hf_dir
+        if model_dir is None:
+            model_dir = str(self.run_dir / "engines" / self.agent.name)
+            if self.rank == 0:
+                write_hf_config(self.arch, self.tokenizer, model_dir, dtype=self._trainer().config.params_dtype)
+            import torch.distributed as dist
+
+            dist.barrier()  # engine ranks on other nodes read it next
+        self._group().hand_over(release_cached_memory)
+        if self.engine_gpus is not None:
+            wait_visible(Path(model_dir) / "config.json", self.agent.name, self.rank)
+            self.engine = self._new_engine(model_dir, dummy_weights=hf_dir is None)
+        if hf_dir is None:
+            # a colocated engine drops its placeholders and KV cache first, so the refit meets its GPUs as after
+            # a step's generation (weights woken, loaded, then the KV cache) and not next to a full KV cache
+            engine = self.engine
+            self._group().transition(engine, (lambda e: e.sleep(level=2)) if engine is not None and engine.can_sleep
+                                     else None, release_cached_memory, "the placeholder engine's sleep")
+            self.refit()
+        return self.engine.stats if self.engine is not None else None
+
+    def _new_engine(self, hf_dir: str, dummy_weights: bool = False) -> RolloutBackend:
+        """vLLM on `hf_dir` (with `dummy_weights`: its config only, the weights to be refit), on this rank's
+        engine GPUs (the seam a test replaces with an engine of its own)."""
         from nemo_hacpo.rollout import RolloutEngine
 
         # vLLM advertises this node's routable address, never a loopback one another node could not reach
         if "VLLM_HOST_IP" not in os.environ and (address := self._node_address()):
             os.environ["VLLM_HOST_IP"] = address
-        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        engine_env: dict[str, str | None] = dict.fromkeys(TRAINER_ENVIRONMENT)  # the trainer's own: not the engine's
         if self.engine_gpus:  # CUDA: the engine's (spawned) processes see exactly its GPUs
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.engine_gpus)
+            engine_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in self.engine_gpus)
         cpu_cores = None
         if self.engine_cpu_slot is not None and not torch.cuda.is_available():
             cpu_cores = engine_cpu_cores(sorted(os.sched_getaffinity(0)), *self.engine_cpu_slot)
+        saved = {name: os.environ.get(name) for name in engine_env}
         try:
-            return RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed, cpu_cores=cpu_cores)
+            set_environment(engine_env)  # what the engine's processes inherit when vLLM spawns them
+            return RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed, cpu_cores=cpu_cores,
+                                            dummy_weights=dummy_weights)
         finally:
-            if self.engine_gpus:
-                if saved is None:
-                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-                else:
-                    os.environ["CUDA_VISIBLE_DEVICES"] = saved
+            set_environment(saved)
+
+    def environment(self, names: list[str]) -> dict[str, Any]:
+        """These environment variables as this rank's process sees them (`rank`) and as each of its child
+        processes does (`children`: the engine's — vLLM's engine core and workers, which it spawned), for tests."""
+        import psutil
+
+        children = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                seen = child.environ()
+            except (psutil.Error, OSError):  # gone meanwhile, or not ours to read
+                continue
+            children.append({name: seen.get(name) for name in names})
+        return {"rank": {name: os.environ.get(name) for name in names}, "children": children}
 
     # --------------------------------------------------------------------------------------- generation
     def generate(self, prompts: list[list[dict]] | None, n: int, greedy: bool = False,

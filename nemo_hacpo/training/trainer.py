@@ -117,6 +117,7 @@ class MegatronTrainer:
         total_updates: optimizer updates of the whole run (steps · M), the LR decay horizon.
         reference_model: keep a frozen copy of the initial weights for the KL term (needed iff β > 0).
         use_te: Transformer Engine layer spec (default: on CUDA when TE is importable).
+        attention: the core attention without Transformer Engine (`ATTENTION_KINDS`: SDPA on CUDA by default).
         logit_temperature: divide logits by this before the softmax (the sampler's temperature).
         max_tokens_per_micro_batch: dynamic micro-batches by token budget — padded tokens (rows · longest),
             or real tokens with packing (None: fixed size `agent.parallel.micro_batch_size`, which still
@@ -133,7 +134,8 @@ class MegatronTrainer:
     def __init__(self, agent: AgentConfig, arch: ModelArch, *, seed: int = 0, total_updates: int = 1000,
                  reference_model: bool = False, use_te: bool | None = None, logit_temperature: float = 1.0,
                  max_tokens_per_micro_batch: int | None = None, pad_to_multiple: int | None = None,
-                 sequence_packing: bool | None = None, offload_reference: bool | None = None):
+                 sequence_packing: bool | None = None, offload_reference: bool | None = None,
+                 attention: str = "auto"):
         from megatron.core import parallel_state
 
         from nemo_hacpo.training.distributed import process_groups
@@ -149,6 +151,8 @@ class MegatronTrainer:
             raise ValueError("context parallelism is not supported by the trainer (parallel.cp must be 1)")
         if logit_temperature <= 0:
             raise ValueError(f"logit_temperature must be > 0, got {logit_temperature}")
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {attention!r}")
         # Read with getattr: older configs have neither field.
         self.sequence_packing = bool(getattr(parallel, "sequence_packing", False) if sequence_packing is None
                                      else sequence_packing)
@@ -171,7 +175,7 @@ class MegatronTrainer:
             self._build(agent, arch, parallel, seed=seed, total_updates=total_updates,
                         reference_model=reference_model, use_te=use_te, logit_temperature=logit_temperature,
                         max_tokens_per_micro_batch=max_tokens_per_micro_batch, pad_to_multiple=pad_to_multiple,
-                        offload_reference=offload_reference, on_gpu=on_gpu)
+                        offload_reference=offload_reference, on_gpu=on_gpu, attention=attention)
         except BaseException:  # a trainer that failed to build leaves the process as it found it
             self._own_groups = process_groups() - groups_before
             self.close()
@@ -181,7 +185,7 @@ class MegatronTrainer:
     def _build(self, agent: AgentConfig, arch: ModelArch, parallel: ParallelConfig, *, seed: int, total_updates: int,
                reference_model: bool, use_te: bool | None, logit_temperature: float,
                max_tokens_per_micro_batch: int | None, pad_to_multiple: int | None, offload_reference: bool,
-               on_gpu: bool) -> None:
+               on_gpu: bool, attention: str) -> None:
         from megatron.core import parallel_state
 
         from nemo_hacpo.models.architecture import transformer_config, transformer_engine_available
@@ -200,6 +204,8 @@ class MegatronTrainer:
         self.pad_to_multiple = pad_to_multiple if pad_to_multiple is not None else default_pad_multiple(agent)
         self.logit_temperature = float(logit_temperature)
         self.use_te = use_te if use_te is not None else (on_gpu and transformer_engine_available())
+        # the core attention of the local spec: torch SDPA on CUDA (no s² tensor), Megatron's own on CPU
+        self.attention = "te" if self.use_te else (attention if attention != "auto" else "sdpa" if on_gpu else "local")
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         self.tp_size = parallel_state.get_tensor_model_parallel_world_size()
         self.pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -242,7 +248,11 @@ class MegatronTrainer:
         from nemo_hacpo.models.architecture import build_gpt_model
 
         core_attention = None
-        if self.sequence_packing and not self.use_te:  # the local spec's attention refuses THD input
+        if self.attention == "sdpa":
+            from nemo_hacpo.training.sdpa_attention import SdpaDotProductAttention
+
+            core_attention = SdpaDotProductAttention
+        elif self.sequence_packing and self.attention == "local":  # the local spec's attention refuses THD input
             from nemo_hacpo.training.packed_attention import PackedDotProductAttention
 
             core_attention = PackedDotProductAttention
@@ -562,6 +572,12 @@ class MegatronTrainer:
             parallel_state.destroy_model_parallel()
         destroy_groups(getattr(self, "_own_groups", ()))
         self._own_groups = set()
+
+
+ATTENTION_KINDS = ("auto", "sdpa", "local")
+"""The trainer's core attention without Transformer Engine: `auto` (SDPA on CUDA, Megatron's local attention on
+CPU), `sdpa` (`training.sdpa_attention`), `local` (Megatron's unfused `DotProductAttention`: the s² scores kept).
+With Transformer Engine (CUDA) its own fused attention runs whatever this says."""
 
 
 def fp8_pad_multiple(agent: AgentConfig) -> int:

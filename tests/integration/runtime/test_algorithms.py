@@ -74,6 +74,20 @@ def _two_steps(run, scorer, algo) -> dict:
 class TestBaselinesOnOneLiveRun:
     """The class scope ends the shared run (and its Ray session) before the next test starts its own."""
 
+    def test_the_trainers_environment_reaches_the_ranks_and_not_their_engines(self, live_pair):
+        """Issue #40: CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron's TP overlap wants it) is in the rank actors'
+        environment and kept out of the vLLM processes each engine rank spawns."""
+        from nemo_hacpo.runtime.rank_process import TRAINER_ENVIRONMENT
+
+        run, _ = live_pair
+        names = [*TRAINER_ENVIRONMENT, "OMP_NUM_THREADS"]
+        for agent, group in run.groups.items():
+            (seen,) = group.environment(names)  # pair_tiny_gpt: one rank per agent, which owns the engine
+            assert seen["rank"] == {**TRAINER_ENVIRONMENT, "OMP_NUM_THREADS": "1"}, agent
+            engine = [child for child in seen["children"] if child["OMP_NUM_THREADS"] is not None]
+            assert engine, f"{agent}: no engine process found under the rank"  # they inherit the rest
+            assert all(child["CUDA_DEVICE_MAX_CONNECTIONS"] is None for child in seen["children"]), (agent, seen)
+
     @pytest.mark.parametrize(("algo", "extra", "shares", "samples", "loss_keys"), BASELINES, ids=[
         "gspo", "gspo_x2", "grpo", "naive", "hacpo-ablations"])
     def test_baselines_and_ablations_run_through_the_loop(self, live_pair, algo, extra, shares, samples, loss_keys):

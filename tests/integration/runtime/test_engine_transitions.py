@@ -199,7 +199,7 @@ class TimelineRank:
         from nemo_hacpo.runtime.worker import AgentRank
 
         class _Rank(AgentRank):
-            def _new_engine(self, hf_dir: str):
+            def _new_engine(self, hf_dir: str, dummy_weights: bool = False):
                 engine = TimelineEngine(timeline, asleep=True)
                 engine._transition("start")
                 engine._asleep = frozenset()
@@ -318,8 +318,11 @@ def test_engine_start_generation_and_resume_hand_the_gpus_over_collectively(tmp_
     first, _ = run_distributed(generate_and_resume, 2, str(timeline), str(tmp_path), [free_port(), free_port()],
                                timeout_s=900)
     events = _timeline(timeline)
-    assert _transitions(events) == ["start", "sleep(2)", "wake(kv_cache,weights)", "sleep(1)",
-                                    "wake(kv_cache,weights)", "start"]
+    # each world starts its engine on placeholder weights (no checkpoint written or read: a random init, then a
+    # resume), drops them and refits the trainer's weights in — the refit's wakes, weights first
+    start = ["start", "sleep(2)", "wake(weights)", "wake(kv_cache)"]
+    assert _transitions(events) == [*start, "sleep(2)", "wake(kv_cache,weights)", "sleep(1)",
+                                    "wake(kv_cache,weights)", *start]
     assert violations(events) == []
     assert first == ["world 0: engine asleep []", "world 1: engine asleep []"]
 

@@ -1,5 +1,7 @@
 """Refit from the Megatron trainer into vLLM: after a real HACPO update, vLLM scores fixed sequences exactly as
-the trainer does (both pair_tiny_gpt architectures), and the update moved them."""
+the trainer does (both pair_tiny_gpt architectures), and the update moved them. Before it, too: a rank whose
+trainer does not hold an HF checkpoint's weights (here a random init; a resume alike) starts its engine on
+placeholder weights — a config.json, no weights written or read (issue #40) — and refits the trainer's into it."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def _mean_abs(a, b):
     return sum(flat) / len(flat)
 
 
-def check_refit(agent_index: int, run_dir: str, port: int) -> dict:
+def check_refit(agent_index: int, run_dir: str, port: int, from_hf: bool = False) -> dict:
     import dataclasses
 
     import torch
@@ -38,6 +40,16 @@ def check_refit(agent_index: int, run_dir: str, port: int) -> dict:
     cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false", f"agents.{agent_index}.max_response_length=24",
                                     f"agents.{agent_index}.optimizer.lr=3e-3", *small_kv_cache(2)])
     agent = cfg.agents[agent_index]
+    if from_hf:  # a fresh run from the agent's HF checkpoint (`model.source: hf`; a warm start alike)
+        from pathlib import Path
+
+        from nemo_hacpo.models.tokenizers import load_tokenizer
+        from tests.helpers import hf_models
+
+        tokenizer = load_tokenizer(agent.tokenizer.source)
+        path = hf_models.save_checkpoint(hf_models.hf_model_from_spec(agent.model.tiny, tokenizer, seed=5), tokenizer,
+                                         Path(run_dir) / "init")
+        agent = dataclasses.replace(agent, model=dataclasses.replace(agent.model, source="hf", path=str(path)))
     rank = AgentRank(agent, 0, seed=3, run_dir=run_dir, total_updates=10, keep_reference=False)
     rank.setup("127.0.0.1", port)
     prompts = [[{"role": "user", "content": "Ann has 3 pens and buys 4 more. How many pens does she have?"}],
@@ -61,18 +73,26 @@ def check_refit(agent_index: int, run_dir: str, port: int) -> dict:
     metrics = rank.train(rows, Objective.of(dataclasses.replace(cfg.algo, updates_per_step=1, kl_coef=0.0)), 1)
     refit = rank.refit()
     trainer_after, vllm_after = both()
+    engines = rank.run_dir / "engines" / agent.name
+    engine_dir = sorted(p.name for p in engines.iterdir()) if engines.is_dir() else None
     rank.shutdown()
     sampler = [r.logprobs for r in generated.flat()]
     return {"before": _mean_abs(trainer_before, vllm_before), "after": _mean_abs(trainer_after, vllm_after),
             "moved": _mean_abs(vllm_before, vllm_after), "refit": refit, "old": old,
             "own_means": [sum(row) / len(row) for row in trainer_before], "sampler_gap": _mean_abs(trainer_before, sampler),
-            "self_ratio_mean": metrics.objective["self_ratio_mean"]}
+            "self_ratio_mean": metrics.objective["self_ratio_mean"], "engine_dir": engine_dir}
 
 
-@pytest.mark.parametrize("agent_index", [0, 1], ids=["llama_tiny", "gpt_tiny"])
-def test_vllm_matches_trainer_after_update_and_refit(tmp_path, agent_index):
-    (result,) = run_distributed(check_refit, 1, agent_index, str(tmp_path), free_port(), timeout_s=600)
-    assert result["before"] < 1e-3, result
+@pytest.mark.parametrize(("agent_index", "from_hf"), [(0, False), (1, False), (0, True)],
+                         ids=["llama_tiny", "gpt_tiny", "llama_tiny-from-hf"])
+def test_vllm_matches_trainer_after_update_and_refit(tmp_path, agent_index, from_hf):
+    (result,) = run_distributed(check_refit, 1, agent_index, str(tmp_path), free_port(), from_hf, timeout_s=600)
+    if from_hf:  # the engine read the checkpoint the trainer started from: nothing written for it
+        assert result["engine_dir"] is None
+    else:
+        assert not [name for name in result["engine_dir"] if name.endswith((".safetensors", ".bin", ".pt"))]
+        assert "config.json" in result["engine_dir"]  # what vLLM started from: the architecture, no weights
+    assert result["before"] < 1e-3, result  # the placeholder engine, refit before it generated: the trainer's weights
     assert result["after"] < 1e-3, result  # mean |trainer − vLLM| log-prob over response tokens, fp32
     assert result["moved"] > 1e-3, result  # the update changed what vLLM computes
     # the rank's m_old is the mean of the trainer's response-token log-probs, response by response

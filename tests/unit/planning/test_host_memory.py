@@ -99,7 +99,7 @@ def test_a_node_without_the_ram_is_refused_naming_the_key(large_env):
         "dp_reshardable, offload_train_state: false, or nodes with more RAM",)
     assert "| 0 | llama70b × 8 | 442 | 442 | 758 | NO |" in format_plan(plan, cfg)
     with pytest.raises(ConfigError) as err:
-        startup_plan(cfg, fused_attention=True)  # the container: Transformer Engine's attention
+        startup_plan(cfg)
     assert [issue.key for issue in err.value.issues] == ["runtime.cluster.host_memory_gib"]
     unset, archs = _cfg("runtime.cluster.host_memory_gib=null")
     assert plan_run(unset, archs).fits and "host RAM is not checked" in format_plan(plan_run(unset, archs), unset)
@@ -108,27 +108,22 @@ def test_a_node_without_the_ram_is_refused_naming_the_key(large_env):
 def test_the_driver_resolves_auto_from_the_plan_and_refuses_a_misfit(large_env):
     cfg, _ = _cfg()
     assert {a.rollout.gpu_memory_utilization for a in cfg.agents} == {"auto"}
-    resolved, plan = startup_plan(cfg, fused_attention=True)
+    resolved, plan = startup_plan(cfg)
     assert [a.rollout.gpu_memory_utilization for a in resolved.agents] == [0.71, 0.63]
     assert [p.vllm_utilization for p in plan.agents] == [0.71, 0.63]
     with pytest.raises(ConfigError) as err:
-        startup_plan(load_config("pair_large", ["agents.1.parallel.micro_batch_size=4"]), fused_attention=True)
+        startup_plan(load_config("pair_large", ["agents.1.parallel.micro_batch_size=4"]))
     assert err.value.issues[0].key == "agents[1]" and "training needs" in err.value.issues[0].problem
 
 
-def test_a_gpu_without_transformer_engine_is_refused_naming_the_unfused_attention(large_env):
-    """On a GPU without Transformer Engine the trainer runs the local spec's attention, which keeps every layer's
-    s² scores (issue #38, item 6: 20 GiB at 4,096 tokens for 8 layers, measured): pair_large cannot train there, and
-    the driver says so before anything starts — what this machine, without Transformer Engine, plans by default."""
-    with pytest.raises(ConfigError) as err:
-        startup_plan(load_config("pair_large"), fused_attention=False)
-    assert [issue.key for issue in err.value.issues] == ["agents[0]", "agents[1]"]
-    assert "s² scores take" in err.value.issues[1].problem and "run in the container" in err.value.issues[1].problem
-    from nemo_hacpo.models.architecture import transformer_engine_available
-
-    if not transformer_engine_available():  # the default plans what this process's trainers would run
-        with pytest.raises(ConfigError):
-            startup_plan(load_config("pair_large"))
+def test_the_unfused_local_attention_would_not_fit_and_says_why(large_env):
+    """Megatron's local attention keeps every layer's s² scores (issue #38, item 6: 20 GiB at 4,096 tokens for 8
+    layers, measured); the trainer runs SDPA instead where Transformer Engine is missing (issue #40), and the plan
+    of the unfused attention says what it would cost."""
+    cfg, archs = _cfg()
+    plan = plan_run(cfg, archs, fused_attention=False)
+    assert not plan.fits and [round(p.train_total, 1) for p in plan.agents] == [123.0, 117.1]
+    assert "the unfused attention's s² scores take" in plan.agents[1].problems[0]
 
 
 def test_on_cpu_auto_is_the_default_fraction():
@@ -159,3 +154,19 @@ def test_a_checkpoints_bytes_and_hashing_time(large_env):
     assert io.driver_serial_s == pytest.approx(total / 2e9) == pytest.approx(630.0, abs=0.5)
     assert io.largest_writer_bytes == 16 * QWEN_PS and io.per_writer_s == pytest.approx(16 * QWEN_PS / 1.0e9)
     assert "checkpoint: 1.26 TB; hashing in the driver after the save ~10 min" in format_plan(plan, cfg)
+
+
+def test_what_an_engine_start_moves_through_the_shared_file_system(large_env):
+    """Issue #40: every start used to export the whole model and read it back. bf16: llama70b 141.1 GB read by its
+    4 engines, qwen8b 16.4 GB by its 4; the export wrote both (157.5 GB) — 141.1/1 + 141.1/2 s = 3.5 min for the
+    slower agent; a fresh run now only reads (141.1/2 s = 1.2 min), a resume neither."""
+    cfg, archs = _cfg()
+    plan = plan_run(cfg, archs)
+    start, (llama, qwen) = plan.engine_start, (2 * LLAMA_TOTAL, 2 * plan.agents[1].parameters)
+    assert start.export_written_bytes == llama + qwen and start.export_written_bytes / 1e9 == pytest.approx(157.5, abs=0.1)
+    assert start.export_read_bytes == start.fresh_read_bytes == 4 * llama + 4 * qwen
+    assert start.export_s == pytest.approx(llama / 1e9 + llama / 2e9) == pytest.approx(211.7, abs=0.1)
+    assert start.fresh_s == pytest.approx(llama / 2e9)
+    assert "engine start: a fresh run's engines read their agents' own checkpoints (630 GB, ~1.2 min" in format_plan(plan, cfg)
+    cpu = load_config("pair_tiny_gpt")
+    assert plan_run(cpu, [model_arch(a, 751) for a in cpu.agents]).engine_start is None
