@@ -5,8 +5,11 @@ there, then the report.
     python benchmarks/heterogeneous_study.py run --phase main
     python benchmarks/heterogeneous_study.py report     # tables, paired tests, the per-direction diagnosis
 
-Each phase's studies run side by side, one `benchmarks/sample_efficiency.py` process each (its runs one after the
-other, seed by seed), into `benchmarks/results/heterogeneous_pairs/<study>/`; their logs are `<study>/study.log`.
+One run at a time (two side by side need more than the 24 GB of the CPU machine: Ray's memory monitor killed
+runs), seed by seed, the studies of a phase alternating within each seed: `benchmarks/sample_efficiency.py
+--seeds <k>` for each study in turn, into `benchmarks/results/heterogeneous_pairs/<study>/`; their logs are
+`<study>/study.log`. A run that was stopped resumes from its last checkpoint. At the end every study's command.txt
+holds the one command that reproduces it whole (all its seeds).
 `report` rebuilds every study's results.md, compares the ablations with hacpo seed by seed, and writes
 `heterogeneous_pairs/results.md`: the primary and secondary comparisons per pair and agent, and per direction what
 each sharing algorithm took from the partner's rows (s, and the share with gradient by the sign of the advantage).
@@ -80,22 +83,37 @@ def studies(phase: str) -> dict[str, list[str]]:
 PHASES = ("main", "ablations", "trio")
 
 
+def _with_seeds(args: list[str], seeds: str) -> list[str]:
+    index = args.index("--seeds")
+    return [*args[:index + 1], seeds, *args[index + 2:]]
+
+
 def run(phases: Sequence[str]) -> int:
+    import shlex
+
     status = 0
     for phase in phases:
-        procs = {}
-        for name, args in studies(phase).items():
-            (OUT / name).mkdir(parents=True, exist_ok=True)
-            log = (OUT / name / "study.log").open("a")
-            print(f"[study] {phase}: {name} → {OUT / name} (log: study.log)", flush=True)
-            procs[name] = (subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "sample_efficiency.py"), *args],
-                                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
-        for name, (proc, log) in procs.items():
-            rc = proc.wait()
-            log.close()
-            print(f"[study] {phase}: {name} ended with status {rc}", flush=True)
-            status = status or rc
+        plan = studies(phase)
+        seeds = plan[next(iter(plan))][plan[next(iter(plan))].index("--seeds") + 1].split(",")
+        for seed in seeds:
+            for name, args in plan.items():
+                (OUT / name).mkdir(parents=True, exist_ok=True)
+                print(f"[study] {phase}: {name} seed {seed} → {OUT / name} (log: study.log)", flush=True)
+                with (OUT / name / "study.log").open("a") as log:
+                    rc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sample_efficiency.py"),
+                                         *_with_seeds(args, seed)], cwd=ROOT, stdout=log,
+                                        stderr=subprocess.STDOUT).returncode
+                if rc:
+                    print(f"[study] {phase}: {name} seed {seed} ended with status {rc}", flush=True)
+                    status = status or rc
+        for name, args in plan.items():  # the command that reproduces the study whole
+            (OUT / name / "command.txt").write_text(
+                shlex.join(["python", "benchmarks/sample_efficiency.py", *_relative(args)]) + "\n")
     return status
+
+
+def _relative(args: list[str]) -> list[str]:
+    return [arg.replace(f"{ROOT}/", "") for arg in args]
 
 
 # ---------------------------------------------------------------------------------------------- report
