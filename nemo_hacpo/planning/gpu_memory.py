@@ -247,11 +247,11 @@ def vllm_activation_gib(arch: ModelArch, vllm_tp: int) -> float:
     return (VLLM_MAX_NUM_BATCHED_TOKENS * width * 2 + VLLM_MAX_NUM_SEQS * arch.vocab_size * 4 * 2) / GIB
 
 
-def kv_bytes_per_token(arch: ModelArch, vllm_tp: int) -> float:
-    """K and V of every layer for one token on one worker, bf16: 2 · L · max(1, g/TP) · d · 2 bytes (a KV head
-    is replicated when TP exceeds the KV heads)."""
+def kv_bytes_per_token(arch: ModelArch, vllm_tp: int, dtype_bytes: int = 2) -> float:
+    """K and V of every layer for one token on one worker: 2 · L · max(1, g/TP) · d · bytes (bf16 on GPUs; a KV
+    head is replicated when TP exceeds the KV heads)."""
     heads = max(1.0, arch.num_query_groups / vllm_tp)
-    return 2 * arch.num_layers * heads * arch.head_dim * 2
+    return 2 * arch.num_layers * heads * arch.head_dim * dtype_bytes
 
 
 def pow2ceil(n: int) -> int:

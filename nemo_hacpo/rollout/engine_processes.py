@@ -11,6 +11,13 @@ teardown (`ShmRingBuffer.__del__`, `SemLock` finalizers); a process killed befor
 `RolloutEngine.shutdown` therefore lets the EngineCore exit by itself if it does so within vLLM's grace, and then
 `unlink_orphans` removes the files that were mapped by the engine's own processes — recorded from
 `/proc/<pid>/maps` while they ran — once those processes are gone and no live process maps the file.
+
+An engine that never gets to its shutdown — its rank actor `ray.kill`ed after a failure or a hung call, a SIGKILL,
+a node's processes killed — leaves them all (160–240 MiB apparent each, ~32 MiB touched; 137 had piled up on one
+machine, issue #41). `sweep_orphans` finds them afterwards without knowing the engine: this user's vLLM-named files,
+older than `ORPHAN_MIN_AGE_S` (one an engine is creating right now is not yet mapped), that no live process maps.
+The driver sweeps its node when a run closes (its actors gone or killed) and when one starts (what a killed driver
+left).
 """
 
 from __future__ import annotations
@@ -134,3 +141,44 @@ def _forget(name: str) -> None:
         resource_tracker.unregister(f"/{name}", "shared_memory")
     elif name.startswith("sem.mp-"):
         resource_tracker.unregister(f"/{name[len('sem.'):]}", "semaphore")
+
+
+ORPHAN_MIN_AGE_S = 10.0
+"""`sweep_orphans` leaves files younger than this: an engine starting right now creates its queues before it maps
+them."""
+
+
+def orphaned_files(min_age_s: float = ORPHAN_MIN_AGE_S, uid: int | None = None, now: float | None = None) -> list[str]:
+    """Names of this user's (`uid`, default ours) vLLM-named files in /dev/shm (`ENGINE_SHM_PREFIXES`), last
+    modified more than `min_age_s` ago, that no live process maps."""
+    uid = os.getuid() if uid is None else uid
+    now = time.time() if now is None else now
+    candidates = set()
+    for path in SHM_DIR.glob("*"):
+        if not path.name.startswith(ENGINE_SHM_PREFIXES):
+            continue
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            continue
+        if info.st_uid == uid and now - info.st_mtime > min_age_s:
+            candidates.add(path.name)
+    return sorted(candidates - mapped_shm_files(_all_pids())) if candidates else []
+
+
+def sweep_orphans(min_age_s: float = ORPHAN_MIN_AGE_S) -> list[str]:
+    """Unlink what killed engines left in /dev/shm (`orphaned_files`); the names unlinked, each logged."""
+    removed = []
+    for name in orphaned_files(min_age_s):
+        path = SHM_DIR / name
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            logger.warning("could not unlink %s: %s", path, exc)
+            continue
+        removed.append(name)
+        logger.info("unlinked %s (%.0f MiB): a killed engine left it", path, size / 2**20)
+    return removed

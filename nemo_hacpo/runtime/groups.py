@@ -23,6 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from nemo_hacpo.algo.rows import TrainingRows
@@ -51,6 +52,62 @@ def ranks_by_node(bundle_nodes: dict[int, str]) -> list[int]:
     for bundle in sorted(bundle_nodes):
         first_bundle.setdefault(bundle_nodes[bundle], bundle)
     return sorted(bundle_nodes, key=lambda bundle: (first_bundle[bundle_nodes[bundle]], bundle))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """An agent's reserved Ray placement group, and where each of its ranks goes."""
+
+    group: Any
+    bundle_of_rank: list[int]
+    """Rank r runs in bundle `bundle_of_rank[r]` (`ranks_by_node`)."""
+    node_of_rank: list[str]
+    """The Ray node id of each rank's bundle."""
+
+
+def reserve_placement(agent: AgentConfig, device: str, gpus_per_rank: float = 1.0,
+                      timeout_s: float = 600.0) -> Placement:
+    """Reserve one bundle per rank of `agent` (PACK), and decide which rank goes to which bundle: ranks node by
+    node, so that a tensor-parallel group of consecutive ranks (and a vLLM TP group) never straddles two nodes."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    world = agent.parallel.world_size
+    bundles = [{"CPU": 1, "GPU": gpus_per_rank} if device == "cuda" else {"CPU": 1} for _ in range(world)]
+    group = placement_group(bundles, strategy="PACK", name=f"hacpo-{agent.name}")
+    try:
+        ray.get(group.ready(), timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError as err:
+        remove_placement_group(group)  # do not leave a half-reserved group behind
+        have = ray.available_resources()
+        raise WorkerFailure(
+            f"agent {agent.name!r}: Ray could not reserve {world} bundle(s) of {bundles[0]} within "
+            f"{timeout_s:.0f} s (free now: {have.get('GPU', 0):g} GPU, {have.get('CPU', 0):g} CPU); "
+            "are enough nodes in the Ray cluster, and is another agent or job holding them?") from err
+    nodes = placement_group_table(group)["bundles_to_node_id"]
+    order = ranks_by_node(nodes)
+    return Placement(group, order, [nodes[bundle] for bundle in order])
+
+
+def release_placements(placements: Sequence[Placement]) -> None:
+    """Give back reserved placement groups that no `AgentGroup` owns (a start that failed half-way)."""
+    from ray.util.placement_group import remove_placement_group
+
+    for placement in placements:
+        try:
+            remove_placement_group(placement.group)
+        except Exception:  # noqa: BLE001 - best effort: Ray frees them with the driver anyway
+            logger.warning("could not release a placement group", exc_info=True)
+
+
+def engine_cpu_slots(engine_nodes: list[str]) -> list[tuple[int, int]]:
+    """CPU engines share their node's cores: `(slot, slots)` of each agent's engine among the engines on its node
+    (`engine_nodes[i]`: the node of agent i's engine rank), in agent order.
+
+    engine_cpu_slots(["a", "b", "a"]) == [(0, 2), (0, 1), (1, 2)]
+    """
+    per_node = {node: [i for i, n in enumerate(engine_nodes) if n == node] for node in engine_nodes}
+    return [(per_node[node].index(i), len(per_node[node])) for i, node in enumerate(engine_nodes)]
 
 
 def ray_environment(device: str) -> dict[str, str]:
@@ -126,15 +183,15 @@ class AgentGroup:
                  keep_reference: bool, init_weights: str | None = None, start_engine: bool = True,
                  resume_from: str | None = None, call_timeout_s: float = 3600.0, collective_timeout_s: float = 1800.0,
                  gpus_per_rank: float = 1.0, placement_timeout_s: float = 600.0, log_dir: str | None = None,
-                 engine_cpu_slot: tuple[int, int] | None = None):
+                 engine_cpu_slot: tuple[int, int] | None = None, placement: Placement | None = None):
         """`keep_reference`: the ranks keep the frozen reference model of a KL term (β > 0).
         `gpus_per_rank` < 1 lets several agents share a GPU (one-GPU benchmarks); clusters use 1.
         `placement_timeout_s`: how long to wait for Ray to reserve the agent's resources.
         `log_dir`: each rank's process output goes to `<log_dir>/<agent>_rank<r>.log` (None: to Ray's logs).
-        `engine_cpu_slot` = (slot, slots) on CPU: the agent's engine takes share `slot` of the node's cores
-        (`rollout.settings.engine_cpu_cores`); None leaves vLLM's binding."""
+        `engine_cpu_slot` = (slot, slots) on CPU: the agent's engine takes share `slot` of its node's cores
+        (`engine_cpu_slots`, `rollout.settings.engine_cpu_cores`); None leaves vLLM's binding.
+        `placement`: the agent's placement group, reserved already (`reserve_placement`; None: reserved here)."""
         import ray
-        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.agent = agent
@@ -143,29 +200,14 @@ class AgentGroup:
         self.call_timeout_s = call_timeout_s
         world = agent.parallel.world_size
         on_gpu = device == "cuda"
-        bundles = [{"CPU": 1, "GPU": gpus_per_rank} if on_gpu else {"CPU": 1} for _ in range(world)]
         # on GPU every actor sees its node's devices (it picks its own from ray.get_gpu_ids()), so a rank can
         # hand the GPUs of its vLLM TP group to its engine (runtime.placement); the trainer's own variables
         # (rank_process.TRAINER_ENVIRONMENT) are the ranks' alone: their engines are spawned without them
         env_vars = dict(TRAINER_ENVIRONMENT) | ({"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"} if on_gpu else {})
         runtime_env = {"env_vars": env_vars}
-        self.placement = placement_group(bundles, strategy="PACK", name=f"hacpo-{agent.name}")
-        try:
-            ray.get(self.placement.ready(), timeout=placement_timeout_s)
-        except ray.exceptions.GetTimeoutError as err:
-            from ray.util.placement_group import remove_placement_group
-
-            remove_placement_group(self.placement)  # do not leave a half-reserved group behind
-            have = ray.available_resources()
-            raise WorkerFailure(
-                f"agent {agent.name!r}: Ray could not reserve {world} bundle(s) of {bundles[0]} within "
-                f"{placement_timeout_s:.0f} s (free now: {have.get('GPU', 0):g} GPU, {have.get('CPU', 0):g} CPU); "
-                "are enough nodes in the Ray cluster, and is another agent or job holding them?") from err
-        from ray.util.placement_group import placement_group_table
-
-        # rank r → bundle: PACK does not promise that bundles r..r+7 share a node; ranks go node by node so that
-        # a tensor-parallel group of consecutive ranks (and a vLLM TP group) never straddles two nodes
-        bundle_of_rank = ranks_by_node(placement_group_table(self.placement)["bundles_to_node_id"])
+        placed = placement or reserve_placement(agent, device, gpus_per_rank, placement_timeout_s)
+        self.placement = placed.group
+        bundle_of_rank = placed.bundle_of_rank
         actor_cls = ray.remote(AgentRank)
         self.actors = [
             actor_cls.options(

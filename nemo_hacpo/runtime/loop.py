@@ -30,6 +30,7 @@ from nemo_hacpo.models.chat import prompt_length_issues
 from nemo_hacpo.planning.plan import startup_checks
 from nemo_hacpo.planning.preflight import check_agents, tokenizer_source
 from nemo_hacpo.reporting import markdown_table, read_metrics, write_curves
+from nemo_hacpo.rollout.engine_processes import sweep_orphans
 from nemo_hacpo.rollout.outputs import GenerationResult, agent_rollouts, rollout_metrics
 from nemo_hacpo.rollout.sampling import call_base_seed
 from nemo_hacpo.runtime.cross_path import (
@@ -39,7 +40,15 @@ from nemo_hacpo.runtime.cross_path import (
     plot_directions,
 )
 from nemo_hacpo.runtime.evaluation import evaluate_agents
-from nemo_hacpo.runtime.groups import AgentGroup, WorkerFailure, start_ray, wait_released
+from nemo_hacpo.runtime.groups import (
+    AgentGroup,
+    WorkerFailure,
+    engine_cpu_slots,
+    release_placements,
+    reserve_placement,
+    start_ray,
+    wait_released,
+)
 from nemo_hacpo.runtime.preemption import (
     EXIT_PREEMPTED,
     Deadline,
@@ -150,6 +159,8 @@ class HacpoRun:
                                self.out_dir, "runtime.resume=false" if not cfg.runtime.resume
                                else "no complete checkpoint to resume from", moved)
         write_record(self.out_dir, cfg)
+        if removed := sweep_orphans():  # what engines of a killed earlier run left in this node's /dev/shm
+            logger.warning("removed %d shared-memory file(s) that killed engines had left in /dev/shm", len(removed))
         start_ray(cfg)
         init: dict[str, str | None] = {a.name: None for a in cfg.agents}
         if cfg.warmstart.enabled:  # also on resume: the reference model is the warm-started policy
@@ -165,13 +176,23 @@ class HacpoRun:
             self._saved_step = self.step
             print(f"resuming from {resume.path} (step {self.step})", flush=True)  # on the console: a resubmitted job
         total_updates = cfg.runtime.steps * cfg.algo.updates_per_step
-        for i, agent in enumerate(cfg.agents):
-            self.groups[agent.name] = AgentGroup(
-                agent, seed=cfg.runtime.seed + 1000 * i, run_dir=str(self.out_dir), total_updates=total_updates,
-                device=cfg.runtime.cluster.device, keep_reference=cfg.algo.kl_coef > 0, init_weights=init[agent.name],
-                resume_from=resume_from[agent.name], call_timeout_s=cfg.runtime.call_timeout_s,
-                collective_timeout_s=cfg.runtime.collective_timeout_s, log_dir=str(self.out_dir / "logs"),
-                engine_cpu_slot=(i, len(cfg.agents)) if cfg.runtime.cluster.device == "cpu" else None)
+        device = cfg.runtime.cluster.device
+        # every agent's resources first: on CPU the engines of one node share its cores (rank 0 hosts the engine)
+        placements = []
+        try:
+            placements += [reserve_placement(agent, device) for agent in cfg.agents]
+            slots = engine_cpu_slots([p.node_of_rank[0] for p in placements]) if device == "cpu" \
+                else [None] * len(placements)
+            for i, agent in enumerate(cfg.agents):
+                self.groups[agent.name] = AgentGroup(
+                    agent, seed=cfg.runtime.seed + 1000 * i, run_dir=str(self.out_dir), total_updates=total_updates,
+                    device=device, keep_reference=cfg.algo.kl_coef > 0, init_weights=init[agent.name],
+                    resume_from=resume_from[agent.name], call_timeout_s=cfg.runtime.call_timeout_s,
+                    collective_timeout_s=cfg.runtime.collective_timeout_s, log_dir=str(self.out_dir / "logs"),
+                    engine_cpu_slot=slots[i], placement=placements[i])
+        except BaseException:  # the reservations no group took over would outlive the run otherwise
+            release_placements(placements[len(self.groups):])
+            raise
         for group in self.groups.values():
             info = group.wait_ready()
             logger.info("agent %s ready: %s", group.agent.name, info[0])
@@ -325,8 +346,7 @@ class HacpoRun:
             logger.info("metrics.jsonl: dropped %d record(s) logged after step %d by the interrupted run", dropped, self.step)
         with MathRewardScorer.from_config(cfg.reward) as scorer, \
                 MetricsLogger(self.out_dir, sinks, total_steps=cfg.runtime.steps, start_step=self.step,
-                              console_keys=("*/reward_mean", "*/response_length_mean", "*/eval_accuracy", "*/eval/avg@*",
-                                            "*/omega/*", "*/from/*/grad_frac"),
+                              agents=self.agents,
                               wandb_project=cfg.runtime.wandb_project, wandb_run_name=cfg.runtime.wandb_run_name,
                               run_config=dataclasses.asdict(cfg) if "wandb" in sinks else None) as log:
             if not self.eval_history:
@@ -336,6 +356,7 @@ class HacpoRun:
             if (limit := self.preemption.deadline.describe()) is not None:
                 print(limit, flush=True)
             while self.step < cfg.runtime.steps:
+                self._check_lock()  # taken over between steps: the next step writes nothing into the directory
                 if (why := self.preemption.reason()) is not None:  # SIGUSR1, or no time for a step and a save
                     return self.stop_early(why)
                 tick = time.monotonic()
@@ -347,6 +368,7 @@ class HacpoRun:
                     metrics.update(self.evaluate(scorer))
                 if self.step == cfg.runtime.steps:
                     metrics.update(self.evaluate(scorer))
+                self._check_lock()  # nor its metrics
                 log.log(self.step, metrics)
                 self.preemption.step_took(time.monotonic() - tick)
                 every = cfg.runtime.checkpoint_interval
@@ -359,6 +381,11 @@ class HacpoRun:
         self.report()
         return 0
 
+    def _check_lock(self) -> None:
+        """`LockLost` once another run has taken the output directory's lock over (`run_lock.RunLock.check`)."""
+        if self._lock is not None:
+            self._lock.check()
+
     def export_hf(self) -> dict[str, Path]:
         """Every agent's current weights (+ tokenizer) as an HF checkpoint under `<output_dir>/hf/<agent>`, the
         end of the run: colocated engines sleep for good first."""
@@ -368,8 +395,7 @@ class HacpoRun:
         return {a: self.out_dir / "hf" / a for a in self.agents}
 
     def checkpoint(self) -> Path:
-        if self._lock is not None:
-            self._lock.check()  # another run has taken the directory over: write nothing into it
+        self._check_lock()  # another run has taken the directory over: write nothing into it
         state = {"step": self.step, "tracker": self.tracker.state_dict(), "data": self.train_set.state_dict(),
                  "totals": self.totals, "eval_history": self.eval_history}
         tick = time.monotonic()
@@ -450,6 +476,9 @@ class HacpoRun:
                 group.finish_shutdown(pending[name], deadline)
             wait_released([group.release_placement() for group in self.groups.values()], deadline)
         finally:  # the directory is free once nothing of this run writes there any more
+            removed = sweep_orphans()  # the message queues of engines whose actors were killed
+            if removed:
+                logger.warning("removed %d shared-memory file(s) of killed engines from /dev/shm", len(removed))
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
@@ -534,6 +563,7 @@ def _train(cfg: HacpoConfig, preempt: StopSignal, in_main: bool) -> int:
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
+        preempt.begin_shutdown()  # nor a SIGUSR1 (after a start-up failure it would still raise)
         run.close(timeout_s=shutdown_s)
         if in_main:  # None: the handler was not installed from Python; restore the default then
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

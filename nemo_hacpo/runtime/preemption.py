@@ -62,14 +62,23 @@ class StopSignal:
         self.received: str | None = None
         self.training = False
         self.raised = False
+        self.shutting_down = False
 
     def begin_training(self) -> None:
         self.training = True
+
+    def begin_shutdown(self) -> None:
+        """The run is shutting down (after a failure, a stop or its end): a SIGUSR1 from here on is recorded and
+        never raised — raised inside the shutdown it would leave engines running and the lock held."""
+        self.shutting_down = True
 
     def __call__(self, signum: int, frame: Any) -> None:
         if self.received is not None:  # the first one decides; a second one must not cut the save short
             return
         self.received = signal.Signals(signum).name
+        if self.shutting_down:
+            os.write(2, f"{self.received}: the run is already stopping\n".encode())
+            return
         if not self.training:
             self.raised = True
             raise Preempted(self.received)

@@ -11,10 +11,22 @@ holder is gone is taken over with a warning; the holder is gone when
   1. it ran on this host (same host name, same boot, same pid namespace) and its pid is not running, or is
      another process now (its start time differs) — decisive either way on the same host;
   2. otherwise, with a Slurm job id on the lock and Slurm answering: that job no longer runs, or it is an
-     earlier run of this very job (requeued: same id, another SLURM_RESTART_COUNT) — decisive either way;
+     earlier run of this very job (requeued: same id, another SLURM_RESTART_COUNT) — decisive either way; but
+     a holder of this very run of this job (a driver started again inside the same allocation) is decided by
+     rule 1 or 3, since Slurm can only say that the job — this one — runs;
   3. otherwise: its heartbeat is older than `stale_s` (`runtime.lock_stale_s`).
 So the rerun of a SIGKILLed driver resumes at once, the resubmission of a job whose node failed as soon as Slurm
-has ended that job, and anything else `stale_s` after its holder fell silent.
+has ended that job, and anything else `stale_s` after its holder fell silent. A host name is not an identity:
+another host may carry the same name (containers), so a lock from a host of this name but another boot is decided
+by rules 2 and 3, not taken as this host restarted.
+
+What the lock guarantees on a shared file system: two drivers never both hold it (the lock is created by a hard
+link, atomic on NFS too; a link whose reply was lost and retried is recognised as this run's own by the link count
+of its source), a live holder is never taken over while its heartbeat is fresher than `stale_s`, and a run whose
+lock was taken over notices it before its next step (`check`, and the heartbeat thread within `stale_s / 10`) and
+writes nothing more. What it does not: a holder frozen (SIGSTOP, a hung NFS mount) for longer than `stale_s` is
+taken over while it still lives — it then stops at its next step, but what it had started writing may land; and
+clocks skewed between hosts by more than `stale_s` misjudge heartbeats.
 
 Readers (`recipes/evaluate.py --run`, `recipes/export_hf.py --run`) do not take the lock.
 """
@@ -163,34 +175,23 @@ class RunLock:
 
     # ------------------------------------------------------------------------------------------ reading
     def read(self) -> Holder | None:
-        """What the lock file says; None when there is none. An unreadable file reads as a holder of unknown pid
-        whose heartbeat is the file's modification time."""
-        try:
-            text = self.path.read_text()
-            mtime = self.path.stat().st_mtime
-        except FileNotFoundError:
-            return None
-        try:
-            return Holder(**json.loads(text))
-        except (ValueError, TypeError):
-            return Holder(host="?", pid=-1, job_id=None, restart_count=None, started=mtime, heartbeat=mtime,
-                          token=f"unreadable-{mtime}")
+        """What the lock file says; None when there is none (`parse_holder`)."""
+        return _read_holder(self.path)
 
     def gone(self, holder: Holder) -> str | None:
         """Why `holder` is gone (its lock may be taken over), or None when it may still be running."""
         here = host_identity()
-        if holder.host == here["host"] and holder.boot_id and holder.boot_id != here["boot_id"]:
-            return f"{holder.host} has restarted since"
         if (holder.host, holder.boot_id, holder.pid_ns) == (here["host"], here["boot_id"], here["pid_ns"]):
             if holder.pid > 0 and not pid_running(holder.pid, holder.pid_start):
                 return f"pid {holder.pid} is not running on {holder.host}"
             if holder.pid > 0:
                 return None  # a live process of this host: decisive
         if holder.job_id:
-            if holder.job_id == self.job_id and holder.restart_count != self.restart_count:
+            ours = holder.job_id == self.job_id
+            if ours and holder.restart_count != self.restart_count:
                 return (f"it was run {holder.restart_count} of Slurm job {holder.job_id}, which has been requeued "
                         f"(this is run {self.restart_count})")
-            running = self.job_running(holder.job_id)
+            running = None if ours else self.job_running(holder.job_id)  # ours runs: that says nothing of it
             if running is not None:
                 return None if running else f"Slurm job {holder.job_id} is no longer running"
         age = self.clock() - holder.heartbeat
@@ -238,7 +239,12 @@ class RunLock:
             os.link(tmp, self.path)
             return True
         except FileExistsError:
-            return False
+            # over NFS a link whose reply was lost is sent again and then fails, although the first one made the
+            # lock: the source's link count (2) says it did (the classic NFS lock test)
+            try:
+                return tmp.stat().st_nlink == 2 and _read_holder(self.path).token == holder.token
+            except (OSError, AttributeError):
+                return False
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -249,16 +255,15 @@ class RunLock:
             os.rename(self.path, moved)
         except FileNotFoundError:
             return False
-        try:
-            if json.loads(moved.read_text()).get("token") == stale.token:
-                return True
-        except (OSError, ValueError, AttributeError):
-            if stale.token.startswith("unreadable-"):
-                return True
+        taken = _read_holder(moved)  # read as `read` did: whatever the file held, the same token means the same file
+        if taken is not None and taken.token == stale.token:
+            moved.unlink(missing_ok=True)
+            return True
         try:  # another run's fresh lock: give it back
             os.link(moved, self.path)
         except FileExistsError:
             pass
+        moved.unlink(missing_ok=True)
         return False
 
     # ------------------------------------------------------------------------------------------ holding
@@ -277,7 +282,11 @@ class RunLock:
         """Rewrite the heartbeat; False (and `lost` set) once the file is not this run's lock any more."""
         if self.holder is None or self.lost is not None:
             return False
-        current = self.read()
+        try:
+            current = self.read()
+        except OSError as err:  # NFS: ESTALE, EIO, a timed-out mount — the next beat tries again
+            logger.warning("%s: the lock could not be read for the heartbeat (%s)", self.path, err)
+            return True
         if current is None or current.token != self.holder.token:
             self.lost = current.describe(self.clock()) if current is not None else "no lock file"
             logger.error("%s: this run's lock was taken over (%s); it will write no checkpoint there",
@@ -297,7 +306,11 @@ class RunLock:
         """Raise `LockLost` when another run has taken this run's lock over."""
         if self.holder is None:
             return
-        current = self.read()
+        try:
+            current = self.read()
+        except OSError as err:  # unreadable just now (NFS): the heartbeat thread keeps watching
+            logger.warning("%s: the lock could not be read (%s)", self.path, err)
+            current = self.holder
         if self.lost is None and (current is None or current.token != self.holder.token):
             self.lost = current.describe(self.clock()) if current is not None else "no lock file"
         if self.lost is not None:
@@ -316,6 +329,29 @@ class RunLock:
         if current is not None and current.token == self.holder.token:
             self.path.unlink(missing_ok=True)
         self.holder = None
+
+
+def parse_holder(text: str, mtime: float) -> Holder:
+    """A lock file's holder. Anything that is not a lock this module wrote — torn, another program's JSON — reads
+    as a holder of unknown pid whose heartbeat is the file's modification time (so it can be taken over once
+    that is older than the bound), its token derived from that time (the same file reads the same)."""
+    try:
+        holder = Holder(**json.loads(text))
+        if isinstance(holder.token, str) and isinstance(holder.heartbeat, int | float) and holder.token:
+            return holder
+    except (ValueError, TypeError):
+        pass
+    return Holder(host="?", pid=-1, job_id=None, restart_count=None, started=mtime, heartbeat=mtime,
+                  token=f"unreadable-{mtime}")
+
+
+def _read_holder(path: Path) -> Holder | None:
+    try:
+        text = path.read_text()
+        mtime = path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+    return parse_holder(text, mtime)
 
 
 def _write(path: Path, holder: Holder) -> None:

@@ -50,15 +50,39 @@ def drop_records_after(path: str | Path, step: int) -> int:
     return dropped
 
 
+def agent_line(agent: str, values: Mapping[str, float]) -> str:
+    """What a person watches of one agent at a step, short enough for a terminal line of all agents:
+
+        llama_tiny r=0.53 len=24 x=0.38 eval=0.538
+
+    r = mean training reward (`reward_mean`), len = mean response length in tokens (`response_length_mean`), x = the
+    share of the partners' rows that carried gradient into this agent (the mean of `<agent>/from/*/grad_frac`; only
+    when it trains on shared rows), eval = held-out greedy accuracy (`eval_accuracy`; at an evaluation). Every metric
+    in full: metrics.jsonl, TensorBoard."""
+    parts = [agent]
+    for label, key in (("r", f"{agent}/reward_mean"), ("len", f"{agent}/response_length_mean")):
+        if key in values and math.isfinite(values[key]):
+            parts.append(f"{label}={values[key]:.{0 if label == 'len' else 2}f}")
+    cross = [v for k, v in values.items() if k.startswith(f"{agent}/from/") and k.endswith("/grad_frac")
+             and math.isfinite(v)]
+    if cross:
+        parts.append(f"x={sum(cross) / len(cross):.2f}")
+    if math.isfinite(values.get(f"{agent}/eval_accuracy", math.nan)):
+        parts.append(f"eval={values[f'{agent}/eval_accuracy']:.3f}")
+    return " ".join(parts)
+
+
 class MetricsLogger:
     """Writes every step's metrics to the chosen sinks; the console line shows progress, rate and ETA."""
 
     def __init__(self, out_dir: str | Path, sinks: Sequence[str] = ("console", "jsonl"), total_steps: int | None = None,
                  console_keys: Sequence[str] = ("*/reward_mean", "*/accuracy"), stream: TextIO | None = None,
                  start_step: int = 0, progress_bar: bool | None = None, wandb_project: str | None = None,
-                 wandb_run_name: str | None = None, run_config: Mapping[str, Any] | None = None):
+                 wandb_run_name: str | None = None, run_config: Mapping[str, Any] | None = None,
+                 agents: Sequence[str] = ()):
         """`progress_bar`: a live rich progress bar (step, rate, ETA) under the step lines; None = when the
-        stream is a terminal. `wandb_*`, `run_config`: for the `wandb` sink (imported only then)."""
+        stream is a terminal. `wandb_*`, `run_config`: for the `wandb` sink (imported only then). `agents`: the
+        console line is the short per-agent one (`agent_line`); without, the `console_keys` metrics in full."""
         unknown = [s for s in sinks if s not in SINKS]
         if unknown:
             raise ValueError(f"unknown metric sinks {unknown}; choose from {SINKS}")
@@ -67,6 +91,7 @@ class MetricsLogger:
         self.sinks = tuple(sinks)
         self.total_steps = total_steps
         self.console_keys = tuple(console_keys)
+        self.agents = tuple(agents)
         self.stream = stream or sys.stderr
         self._jsonl = (self.out_dir / "metrics.jsonl").open("a", encoding="utf-8") if "jsonl" in sinks else None
         self._tb = None
@@ -140,6 +165,9 @@ class MetricsLogger:
             parts.append(f"{rate:.1f} s/step")
             if self.total_steps:
                 parts.append(f"ETA {format_duration(rate * (self.total_steps - step))}")
+        if self.agents:  # short: `step 12/30 8.9s ETA 2:40`, then one part per agent
+            head = " ".join(parts).replace(" s/step", "s")
+            return " | ".join([head, *(agent_line(agent, values) for agent in self.agents)])
         for key in sorted(values):
             if any(fnmatch.fnmatchcase(key, pattern) for pattern in self.console_keys):
                 parts.append(f"{key}={values[key]:.3f}")

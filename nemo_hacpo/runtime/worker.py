@@ -514,14 +514,24 @@ class AgentRank:
         return directory
 
     def shutdown(self) -> None:
+        """Release everything, each part even when an earlier one fails: the refit's staging buffers first (shared
+        memory or CUDA-IPC blocks the engine's workers read: gone with them, not after them, and never left behind
+        by an engine whose shutdown failed), then the engine, the trainer, the agent's world."""
         from nemo_hacpo.training import destroy_distributed
 
-        if self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None
-        if self.refit_strategy is not None:
-            self.refit_strategy.close()
-        if self.trainer is not None:
-            self.trainer.close()
-            self.trainer = None
-        destroy_distributed()
+        strategy, self.refit_strategy = self.refit_strategy, None
+        engine, self.engine = self.engine, None
+        trainer, self.trainer = self.trainer, None
+        try:
+            if strategy is not None:
+                strategy.close()
+        finally:
+            try:
+                if engine is not None:
+                    engine.shutdown()
+            finally:
+                try:
+                    if trainer is not None:
+                        trainer.close()
+                finally:
+                    destroy_distributed()

@@ -42,3 +42,16 @@ def test_fp8_agents_get_their_expected_mismatch_logged(large_env, caplog):
     with caplog.at_level(logging.WARNING):
         startup_checks(load_config("pair_tiny_gpt"))
     assert not any("mismatch_token_mult_prob_error" in r.getMessage() for r in caplog.records)
+
+
+def test_a_cpu_kv_cache_too_small_for_one_sequence_is_refused_naming_the_key():
+    """Issue #41: vLLM took such a config and failed inside its start. llama_tiny's longest sequence is 128 + 96 + 1
+    = 225 tokens, two blocks of 128 = 256 tokens × K and V of 4 layers × 2 KV heads × 64 × 4 bytes (fp32) = 1 MiB."""
+    from nemo_hacpo.config import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        startup_checks(load_config("pair_tiny", ["agents.0.rollout.cpu_kvcache_gib=0.0009"]))
+    assert [issue.key for issue in err.value.issues] == ["agents[0].rollout.cpu_kvcache_gib"]
+    assert "cannot hold one 256-token sequence of llama_tiny (1.0 MiB" in err.value.issues[0].problem
+    assert err.value.issues[0].fix == "use at least 0.001"
+    startup_checks(load_config("pair_tiny", ["agents.0.rollout.cpu_kvcache_gib=0.001"]))  # 1.07 MB ≥ 1 MiB: fits

@@ -47,3 +47,13 @@ def test_split_batch_covers_in_order_and_keeps_every_request_seed(num_prompts, e
     # slice (a, b) generated with base seed base + a·n gives each request the seed of one big call
     pieced = [s for a, b in slices for s in request_seeds(base + a * n, b - a, n)]
     assert pieced == request_seeds(base, num_prompts, n)
+
+
+def test_cpu_engines_share_the_cores_of_their_own_node():
+    """Issue #41: the engines' CPU shares were counted over the run's agents, not over the engines of a node: an
+    agent alone on its node got a third of its cores in a three-agent run across three nodes."""
+    from nemo_hacpo.runtime.groups import engine_cpu_slots
+
+    assert engine_cpu_slots(["n1", "n1"]) == [(0, 2), (1, 2)]  # one node: as before
+    assert engine_cpu_slots(["n1", "n2", "n3"]) == [(0, 1), (0, 1), (0, 1)]  # each alone: the node's every core
+    assert engine_cpu_slots(["n1", "n2", "n1"]) == [(0, 2), (0, 1), (1, 2)]

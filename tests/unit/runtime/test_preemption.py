@@ -229,3 +229,62 @@ def test_sigterm_inside_a_checkpoint_leaves_the_previous_one_the_newest_complete
     save_run_checkpoint(tmp_path, 2, {"step": 2}, {"a": _SignallingGroup()}, keep=0)
     assert latest_checkpoint(tmp_path).step == 2
     assert not (tmp_path / "checkpoints" / "step_000002.tmp").exists()
+
+
+def test_sigusr1_during_the_shutdown_after_a_start_up_failure_is_only_recorded(tmp_path, monkeypatch, capfd):
+    """Issue #41: a run whose start failed (a worker) shuts down; Slurm's SIGUSR1 arriving then raised Preempted
+    inside `run.close()` (the handler still thought the run was starting), cutting the shutdown short — engines left
+    running, the lock held. Now the shutdown runs to its end, and the exit status is the failure's."""
+    from nemo_hacpo.runtime import loop
+    from nemo_hacpo.runtime.groups import WorkerFailure
+
+    closed = []
+
+    class FailingRun:
+        def __init__(self, cfg, preempt):
+            self.out_dir = tmp_path
+
+        def fit(self):
+            raise WorkerFailure("agent 'llama_tiny' rank 0 failed while starting its engine")
+
+        def close(self, timeout_s):
+            _deliver(signal.SIGUSR1)  # Slurm's early warning, right now
+            closed.append(timeout_s)
+
+    monkeypatch.setattr(loop, "HacpoRun", FailingRun)
+    monkeypatch.setattr(loop, "startup_checks", lambda cfg: cfg)
+    assert loop.train(load_config("pair_tiny_gpt")) == 1
+    assert closed == [30.0]  # the shutdown ran to its end (a worker failure's budget)
+    assert "SIGUSR1: the run is already stopping" in capfd.readouterr().err
+
+
+def test_a_ranks_shutdown_releases_the_staging_buffers_first_and_everything_when_a_part_fails(tmp_path, monkeypatch):
+    """`AgentRank.shutdown`: the refit's staging buffers before the engine that reads them, and the trainer and the
+    agent's world even when the engine's shutdown fails (before: buffers closed after the engine, nothing after a
+    failure)."""
+    from nemo_hacpo.runtime.worker import AgentRank
+
+    events = []
+
+    class Part:
+        def __init__(self, name, fails=False):
+            self.name, self.fails = name, fails
+
+        def close(self):
+            events.append(f"{self.name} closed")
+
+        def shutdown(self):
+            events.append(f"{self.name} shut down")
+            if self.fails:
+                raise RuntimeError("the engine core did not answer")
+
+    import nemo_hacpo.training as training
+
+    monkeypatch.setattr(training, "destroy_distributed", lambda: events.append("world destroyed"))
+    cfg = load_config("pair_tiny_gpt", ["warmstart.enabled=false"])
+    rank = AgentRank(cfg.agents[0], 0, seed=0, run_dir=str(tmp_path), total_updates=1, keep_reference=False)
+    rank.refit_strategy, rank.engine, rank.trainer = Part("staging"), Part("engine", fails=True), Part("trainer")
+    with pytest.raises(RuntimeError, match="did not answer"):
+        rank.shutdown()
+    assert events == ["staging closed", "engine shut down", "trainer closed", "world destroyed"]
+    assert (rank.engine, rank.trainer, rank.refit_strategy) == (None, None, None)

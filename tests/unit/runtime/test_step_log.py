@@ -59,3 +59,29 @@ def test_no_progress_bar_when_not_a_terminal(tmp_path):
     with MetricsLogger(tmp_path, sinks=("console",), total_steps=4, stream=stream) as log:
         log.log(1, {"a/reward_mean": 0.25})
     assert log._progress is None and stream.getvalue().startswith("step 1/4")
+
+
+def test_the_runs_step_line_is_short_one_part_per_agent(tmp_path):
+    """Issue #41: the step line was ~400 characters of full metric keys and wrapped on a terminal. Now one short part
+    per agent — reward, response length, the partners' rows with gradient, the evaluation when there is one — in
+    the same order at every step, so the agents read column by column; every metric stays in metrics.jsonl."""
+    from nemo_hacpo.runtime.step_log import agent_line
+
+    step = {"llama_tiny/reward_mean": 0.53125, "llama_tiny/response_length_mean": 24.4,
+            "llama_tiny/from/qwen_tiny/grad_frac": 0.375, "llama_tiny/omega/qwen_tiny": 0.529,
+            "qwen_tiny/reward_mean": 0.609, "qwen_tiny/response_length_mean": 22.0,
+            "qwen_tiny/from/llama_tiny/grad_frac": 0.34375, "qwen_tiny/eval_accuracy": 0.7025,
+            "llama_tiny/train/loss": 0.1, "llama_tiny/from/qwen_tiny/s_p50": 0.99}
+    assert agent_line("llama_tiny", step) == "llama_tiny r=0.53 len=24 x=0.38"
+    assert agent_line("qwen_tiny", step) == "qwen_tiny r=0.61 len=22 x=0.34 eval=0.703"
+    alone = {"llama_tiny/reward_mean": 0.5, "llama_tiny/response_length_mean": 20.0}  # gspo: no shared rows
+    assert agent_line("llama_tiny", alone) == "llama_tiny r=0.50 len=20"
+    stream = io.StringIO()
+    with MetricsLogger(tmp_path, ("console", "jsonl"), total_steps=30, stream=stream, start_step=11,
+                       agents=["llama_tiny", "qwen_tiny"]) as log:
+        log.log(12, step)
+    (line,) = stream.getvalue().splitlines()
+    assert line.startswith("step 12/30 ") and "s ETA " in line
+    assert line.endswith(" | llama_tiny r=0.53 len=24 x=0.38 | qwen_tiny r=0.61 len=22 x=0.34 eval=0.703")
+    assert len(line) <= 105  # two agents, at an evaluation; ~90 at the other steps
+    assert read_metrics(tmp_path / "metrics.jsonl")[0]["llama_tiny/omega/qwen_tiny"] == 0.529  # in full there
