@@ -41,7 +41,14 @@ import torch
 
 from nemo_hacpo.config import AgentConfig
 from nemo_hacpo.models.chat import Message, render_prompt_ids
-from nemo_hacpo.rollout.engine_processes import engine_pids, engine_shm_files, unlink_orphans, wait_gone
+from nemo_hacpo.rollout.engine_processes import (
+    SHM_DIR,
+    engine_pids,
+    engine_shm_files,
+    record_engine,
+    unlink_orphans,
+    wait_gone,
+)
 from nemo_hacpo.rollout.outputs import (
     GenerationResult,
     RefitStats,
@@ -82,9 +89,11 @@ class RolloutEngine:
     """One agent's vLLM engine: generate, score fixed sequences, refit weights in place, sleep/wake (CUDA)."""
 
     def __init__(self, settings: EngineSettings, tokenizer: Any, *, sampling: SamplingSettings | None = None,
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, shm_record: str | Path | None = None) -> None:
         """Start the engine (blocking; tens of seconds on CPU). `tokenizer` must be the one in
-        `settings.tokenizer_dir` (the agent's own), loaded in this process for rendering and decoding."""
+        `settings.tokenizer_dir` (the agent's own), loaded in this process for rendering and decoding.
+        `shm_record`: where to record the engine's processes and /dev/shm files once it runs, so that what it leaves
+        if it is killed can be swept (`engine_processes.sweep_recorded`); removed by a clean shutdown."""
         if tokenizer.eos_token_id is None:
             raise ValueError(f"agent {settings.agent_name!r}: the tokenizer has no EOS token; responses could "
                              "never finish")
@@ -125,6 +134,9 @@ class RolloutEngine:
         self._stats["startup_s"] = time.perf_counter() - start
         self._engine_pids = engine_pids(self._llm)
         self._engine_shm = engine_shm_files(self._engine_pids)
+        self._shm_record = Path(shm_record) if shm_record is not None else None
+        if self._shm_record is not None:
+            record_engine(self._shm_record, self._engine_pids, self._engine_shm)
         logger.info("rollout engine %s started in %.1f s (device %s, tp %d, dtype %s, max_model_len %d)",
                     settings.agent_name, self._stats["startup_s"], settings.device, settings.tensor_parallel_size,
                     settings.dtype, settings.max_model_len)
@@ -133,14 +145,16 @@ class RolloutEngine:
     @classmethod
     def from_agent(cls, agent: AgentConfig, model_dir: str | Path, *, tokenizer_dir: str | Path | None = None,
                    device: Device | None = None, default_seed: int = 0,
-                   cpu_cores: Sequence[int] | None = None, dummy_weights: bool = False) -> RolloutEngine:
+                   cpu_cores: Sequence[int] | None = None, dummy_weights: bool = False,
+                   shm_record: str | Path | None = None) -> RolloutEngine:
         """Start the engine of `agent` from the HF checkpoint in `model_dir`.
 
         The tokenizer is the agent's (`agent.tokenizer.source`; `model` = the checkpoint's own) unless
         `tokenizer_dir` is given. `device` defaults to CUDA when available. `default_seed` is used when
         `agent.rollout.seed` is null. `cpu_cores` (CPU): the cores the engine's threads are bound to.
         `dummy_weights`: `model_dir` needs only its config.json; the weights are vLLM's placeholders
-        (`load_format="dummy"`) until the caller refits real ones — nothing is read from disk.
+        (`load_format="dummy"`) until the caller refits real ones — nothing is read from disk. `shm_record`: see
+        `__init__`.
         """
         from nemo_hacpo.models.tokenizers import load_tokenizer, tokenizer_path
 
@@ -152,7 +166,7 @@ class RolloutEngine:
         settings = engine_settings(agent, model_dir, tokenizer_dir, device=device, default_seed=default_seed,
                                    cpu_cores=cpu_cores, dummy_weights=dummy_weights)
         return cls(settings, load_tokenizer(Path(tokenizer_dir)), sampling=SamplingSettings.from_config(agent.rollout),
-                   chat_template=agent.tokenizer.chat_template)
+                   chat_template=agent.tokenizer.chat_template, shm_record=shm_record)
 
     @property
     def stats(self) -> dict[str, float]:
@@ -395,6 +409,12 @@ class RolloutEngine:
         wait_gone(pids, timeout=2.0)  # the workers: gone already unless the EngineCore was killed (then unlink_orphans
         # leaves the files of a process still alive: the shutdown stays inside a SIGTERM stop's 15 s)
         removed = unlink_orphans(shm, pids)
+        if getattr(self, "_shm_record", None) is not None:  # what is left (still mapped: later), for the sweep
+            left = sorted(name for name in shm if (SHM_DIR / name).exists())
+            if left:
+                record_engine(self._shm_record, pids, left)
+            else:
+                self._shm_record.unlink(missing_ok=True)
         self._stats["shutdown_s"] = time.perf_counter() - start
         if removed:
             logger.warning("rollout engine %s: unlinked %d shared-memory file(s) its processes left in /dev/shm: %s",

@@ -14,16 +14,19 @@ teardown (`ShmRingBuffer.__del__`, `SemLock` finalizers); a process killed befor
 
 An engine that never gets to its shutdown — its rank actor `ray.kill`ed after a failure or a hung call, a SIGKILL,
 a node's processes killed — leaves them all (160–240 MiB apparent each, ~32 MiB touched; 137 had piled up on one
-machine, issue #41). `sweep_orphans` finds them afterwards without knowing the engine: this user's vLLM-named files,
-older than `ORPHAN_MIN_AGE_S` (one an engine is creating right now is not yet mapped), that no live process maps.
-The driver sweeps its node when a run closes (its actors gone or killed) and when one starts (what a killed driver
-left).
+machine, issue #41). So an engine started with a `record` writes its processes and their files there
+(`record_engine`: host, boot, pids, names), and `sweep_recorded` — the driver's, when a run closes (its actors gone
+or killed) and when one starts (what a killed driver left) — unlinks the recorded files of this host once every
+recorded process is gone and no live process maps them, exactly `unlink_orphans`. Only what this project's engines
+recorded is ever touched: `psm_` and `sem.mp-` are Python's own names, which other programs use too.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -143,42 +146,43 @@ def _forget(name: str) -> None:
         resource_tracker.unregister(f"/{name[len('sem.'):]}", "semaphore")
 
 
-ORPHAN_MIN_AGE_S = 10.0
-"""`sweep_orphans` leaves files younger than this: an engine starting right now creates its queues before it maps
-them."""
+def record_engine(path: Path, pids: Iterable[int], names: Iterable[str]) -> None:
+    """Write what a started engine's processes are and which /dev/shm files they map (atomic, JSON)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"host": socket.gethostname(), "boot_id": _boot_id(), "pids": sorted(pids),
+                               "shm": sorted(names)}))
+    os.replace(tmp, path)
 
 
-def orphaned_files(min_age_s: float = ORPHAN_MIN_AGE_S, uid: int | None = None, now: float | None = None) -> list[str]:
-    """Names of this user's (`uid`, default ours) vLLM-named files in /dev/shm (`ENGINE_SHM_PREFIXES`), last
-    modified more than `min_age_s` ago, that no live process maps."""
-    uid = os.getuid() if uid is None else uid
-    now = time.time() if now is None else now
-    candidates = set()
-    for path in SHM_DIR.glob("*"):
-        if not path.name.startswith(ENGINE_SHM_PREFIXES):
-            continue
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def sweep_recorded(directory: Path) -> list[str]:
+    """Unlink the /dev/shm files of the engines recorded in `directory` (`record_engine`) whose processes are all
+    gone — what a killed engine left — and drop their records; records of another host or boot, and of engines
+    still running, are left. Returns the names unlinked."""
+    import json
+
+    removed: list[str] = []
+    for record_path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
-            info = path.stat()
-        except FileNotFoundError:
+            record = json.loads(record_path.read_text())
+        except (OSError, ValueError):
             continue
-        if info.st_uid == uid and now - info.st_mtime > min_age_s:
-            candidates.add(path.name)
-    return sorted(candidates - mapped_shm_files(_all_pids())) if candidates else []
-
-
-def sweep_orphans(min_age_s: float = ORPHAN_MIN_AGE_S) -> list[str]:
-    """Unlink what killed engines left in /dev/shm (`orphaned_files`); the names unlinked, each logged."""
-    removed = []
-    for name in orphaned_files(min_age_s):
-        path = SHM_DIR / name
-        try:
-            size = path.stat().st_size
-            path.unlink()
-        except FileNotFoundError:
+        if record.get("host") != socket.gethostname() or record.get("boot_id") != _boot_id():
+            continue  # another node's engine: its files are in that node's /dev/shm
+        pids, names = record.get("pids", []), record.get("shm", [])
+        if any(_alive(pid) for pid in pids):
             continue
-        except OSError as exc:
-            logger.warning("could not unlink %s: %s", path, exc)
-            continue
-        removed.append(name)
-        logger.info("unlinked %s (%.0f MiB): a killed engine left it", path, size / 2**20)
+        removed += unlink_orphans(names, pids)
+        if not any((SHM_DIR / name).exists() for name in names):
+            record_path.unlink(missing_ok=True)
+    if removed:
+        logger.warning("unlinked %d shared-memory file(s) that killed engines left in %s: %s", len(removed), SHM_DIR,
+                       removed)
     return removed

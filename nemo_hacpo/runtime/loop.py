@@ -30,7 +30,7 @@ from nemo_hacpo.models.chat import prompt_length_issues
 from nemo_hacpo.planning.plan import startup_checks
 from nemo_hacpo.planning.preflight import check_agents, tokenizer_source
 from nemo_hacpo.reporting import markdown_table, read_metrics, write_curves
-from nemo_hacpo.rollout.engine_processes import sweep_orphans
+from nemo_hacpo.rollout.engine_processes import sweep_recorded
 from nemo_hacpo.rollout.outputs import GenerationResult, agent_rollouts, rollout_metrics
 from nemo_hacpo.rollout.sampling import call_base_seed
 from nemo_hacpo.runtime.cross_path import (
@@ -57,6 +57,7 @@ from nemo_hacpo.runtime.preemption import (
     install_preempt_handler,
     restore_preempt_handler,
 )
+from nemo_hacpo.runtime.rank_process import engine_records
 from nemo_hacpo.runtime.run_checkpoint import (
     archive_previous_run,
     checkpoints,
@@ -146,6 +147,7 @@ class HacpoRun:
         warm start, the worker groups and the broker."""
         cfg = self.cfg
         self._lock = RunLock(self.out_dir, cfg.runtime.lock_stale_s).acquire()  # one run per directory
+        sweep_recorded(engine_records(self.out_dir))  # what the engines of a killed earlier run left in /dev/shm
         resume = latest_checkpoint(self.out_dir, hashes=cfg.runtime.checkpoint_hashes) if cfg.runtime.resume else None
         if resume is not None:
             changed = check_resume(self.out_dir, cfg)  # refuses a change of what the checkpoints hold
@@ -159,8 +161,6 @@ class HacpoRun:
                                self.out_dir, "runtime.resume=false" if not cfg.runtime.resume
                                else "no complete checkpoint to resume from", moved)
         write_record(self.out_dir, cfg)
-        if removed := sweep_orphans():  # what engines of a killed earlier run left in this node's /dev/shm
-            logger.warning("removed %d shared-memory file(s) that killed engines had left in /dev/shm", len(removed))
         start_ray(cfg)
         init: dict[str, str | None] = {a.name: None for a in cfg.agents}
         if cfg.warmstart.enabled:  # also on resume: the reference model is the warm-started policy
@@ -180,7 +180,8 @@ class HacpoRun:
         # every agent's resources first: on CPU the engines of one node share its cores (rank 0 hosts the engine)
         placements = []
         try:
-            placements += [reserve_placement(agent, device) for agent in cfg.agents]
+            for agent in cfg.agents:  # one by one: a failure leaves the ones already reserved in the list
+                placements.append(reserve_placement(agent, device))
             slots = engine_cpu_slots([p.node_of_rank[0] for p in placements]) if device == "cpu" \
                 else [None] * len(placements)
             for i, agent in enumerate(cfg.agents):
@@ -476,9 +477,7 @@ class HacpoRun:
                 group.finish_shutdown(pending[name], deadline)
             wait_released([group.release_placement() for group in self.groups.values()], deadline)
         finally:  # the directory is free once nothing of this run writes there any more
-            removed = sweep_orphans()  # the message queues of engines whose actors were killed
-            if removed:
-                logger.warning("removed %d shared-memory file(s) of killed engines from /dev/shm", len(removed))
+            sweep_recorded(engine_records(self.out_dir))  # the message queues of engines whose actors were killed
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None

@@ -241,8 +241,8 @@ class RunLock:
         except FileExistsError:
             # over NFS a link whose reply was lost is sent again and then fails, although the first one made the
             # lock: the source's link count (2) says it did (the classic NFS lock test)
-            try:
-                return tmp.stat().st_nlink == 2 and _read_holder(self.path).token == holder.token
+            try:  # the link count, or the token (a random one: proof enough where a client caches the count)
+                return tmp.stat().st_nlink == 2 or _read_holder(self.path).token == holder.token
             except (OSError, AttributeError):
                 return False
         finally:
@@ -275,8 +275,11 @@ class RunLock:
     def _beat(self) -> None:
         interval = max(0.01, self.stale_s / HEARTBEATS_PER_STALE)
         while not self._stop.wait(interval):
-            if not self.refresh():
-                return
+            try:
+                if not self.refresh():
+                    return
+            except Exception as err:  # noqa: BLE001 - whatever a sick file system raises, the next beat tries again
+                logger.warning("%s: heartbeat failed (%s: %s); trying again", self.path, type(err).__name__, err)
 
     def refresh(self) -> bool:
         """Rewrite the heartbeat; False (and `lost` set) once the file is not this run's lock any more."""
@@ -299,7 +302,10 @@ class RunLock:
             os.replace(tmp, self.path)
         except OSError as err:  # a full or unreachable file system: the next beat tries again
             logger.warning("%s: heartbeat not written (%s)", self.path, err)
-            tmp.unlink(missing_ok=True)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:  # the same outage
+                pass
         return True
 
     def check(self) -> None:
@@ -347,7 +353,7 @@ def parse_holder(text: str, mtime: float) -> Holder:
 
 def _read_holder(path: Path) -> Holder | None:
     try:
-        text = path.read_text()
+        text = path.read_text(errors="replace")  # another program's binary file reads as unreadable, not as a crash
         mtime = path.stat().st_mtime
     except FileNotFoundError:
         return None

@@ -18,7 +18,10 @@ TP group (`rollout.engine_group.EngineGroup`, the group the staged refit also us
                   wake KV cache → exchange
     checkpoint    release → barrier → sleep (level 1) → exchange → restore … save … offload → release →
                   barrier → wake → exchange
-    start-up      initial HF export → release → barrier → engine starts (also on resume)
+    start-up      fresh from an HF checkpoint: release → barrier → the engine starts on it;
+                  otherwise (a resume, a random init): config.json written → barrier → release → barrier → the
+                  engine starts on placeholder weights → release → barrier → sleep (level 2) → exchange → a refit
+    final export  release → barrier → sleep (level 2) → exchange → the HF export
 
 so no rank allocates while an engine sleeps or wakes (vLLM asserts that free memory did not shrink while it
 slept), and no engine wakes or starts before every rank of its GPUs has given back what it held. Where no
@@ -47,6 +50,7 @@ from nemo_hacpo.rollout.settings import engine_cpu_cores
 from nemo_hacpo.runtime.rank_process import (
     TRAINER_ENVIRONMENT,
     assigned_gpu,
+    engine_records,
     node_ip_address,
     pin_gloo_interface,
     rank_log_file,
@@ -302,7 +306,8 @@ class AgentRank:
         try:
             set_environment(engine_env)  # what the engine's processes inherit when vLLM spawns them
             return RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed, cpu_cores=cpu_cores,
-                                            dummy_weights=dummy_weights)
+                                            dummy_weights=dummy_weights,
+                                            shm_record=engine_records(self.run_dir) / f"{self.agent.name}_rank{self.rank}.json")
         finally:
             set_environment(saved)
 
@@ -494,7 +499,7 @@ class AgentRank:
 
     def save_hf(self, directory: str, release_engine: bool = False) -> str:
         """Collective: the current weights as an HF checkpoint (+ tokenizer) in `directory`; every rank returns
-        once it is complete on disk (engine ranks on other nodes start vLLM on it next).
+        once it is complete on disk (a reader on another node finds it whole).
 
         `release_engine` (the end of the run: nothing generates after it): a colocated engine first sleeps for good
         (level 2, collectively as every transition), so the export's gathered tensors never meet its weights and KV

@@ -53,12 +53,21 @@ def process_groups() -> set[Any]:
     return set(distributed_c10d._world.pg_map) if dist.is_initialized() else set()
 
 
+def process_groups_in_order() -> list[Any]:
+    """The process groups this process holds, in the order they were created (torch's registry is ordered)."""
+    from torch.distributed import distributed_c10d
+
+    return list(distributed_c10d._world.pg_map) if dist.is_initialized() else []
+
+
 def destroy_groups(groups: Iterable[Any]) -> int:
     """Destroy these process groups (never the default one), freeing their communicators — with NCCL, their GPU
     buffers; Megatron's `destroy_model_parallel` only forgets its handles. Returns how many were destroyed."""
     destroyed = 0
-    for group in groups:
-        if group is not dist.GroupMember.WORLD and group in process_groups():
+    registry = list(process_groups_in_order())
+    for group in sorted(groups, key=lambda g: registry.index(g) if g in registry else len(registry)):
+        # in creation order on every rank: a communicator's teardown may be collective
+        if group is not dist.GroupMember.WORLD and group in registry:
             dist.destroy_process_group(group)
             destroyed += 1
     return destroyed

@@ -48,43 +48,49 @@ def test_shutdown_leaves_no_shared_memory_of_the_engine(grace, tmp_path, monkeyp
 
 def test_an_engine_whose_actor_was_killed_leaves_queues_that_the_sweep_removes(tmp_path):
     """Issue #41: a rank actor `ray.kill`ed (after a failure, a hung call) takes its engine's processes with it
-    before they can unlink their message queues. `sweep_orphans` — what the driver runs when a run closes or starts —
-    finds them (no live process maps them) and removes them, and only them: an engine alive meanwhile (this test's
-    second one) keeps its files."""
-    import time
+    before they can unlink their message queues. Each engine records its processes and files when it starts;
+    `sweep_recorded` — what the driver runs when a run closes or starts — unlinks the files of recorded engines whose
+    processes are all gone, and only those: an engine alive meanwhile (this test's second, recorded in the same place)
+    keeps its files, and its record goes with them once it has shut down."""
+    import json
 
     import ray
 
-    from nemo_hacpo.rollout.engine_processes import orphaned_files, sweep_orphans
+    from nemo_hacpo.rollout.engine_processes import sweep_recorded
 
     agent = {a.name: a for a in load_config("pair_tiny_gpt", small_kv_cache(2)).agents}["gpt_tiny"]
     tokenizer = load_tokenizer(agent.tokenizer.source)
-    model_dir = tiny.save_checkpoint(tiny.hf_model_from_spec(agent.model.tiny, tokenizer, seed=0), tokenizer, tmp_path)
+    model_dir = tiny.save_checkpoint(tiny.hf_model_from_spec(agent.model.tiny, tokenizer, seed=0), tokenizer,
+                                     tmp_path / "model")
+    records = tmp_path / "records"
 
     class Holder:  # a rank actor's engine, and nothing else
         def __init__(self):
-            self.engine = RolloutEngine.from_agent(agent, model_dir, device="cpu", default_seed=0)
+            self.engine = RolloutEngine.from_agent(agent, model_dir, device="cpu", default_seed=0,
+                                                   shm_record=records / "killed.json")
 
         def files(self):
             return sorted(engine_shm_files(engine_pids(self.engine.llm))), engine_pids(self.engine.llm)
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-    alive = RolloutEngine.from_agent(agent, model_dir, device="cpu", default_seed=0)
+    alive = RolloutEngine.from_agent(agent, model_dir, device="cpu", default_seed=0, shm_record=records / "alive.json")
     try:
         holder = ray.remote(Holder).remote()
         files, pids = ray.get(holder.files.remote(), timeout=300)
         assert any(name.startswith("psm_") for name in files), files
+        assert set(json.loads((records / "killed.json").read_text())["shm"]) == set(files)
         ray.kill(holder)  # SIGKILL: nothing of the engine's teardown runs
         wait_gone(pids, timeout=60)
         left = [name for name in files if (SHM_DIR / name).exists()]
         assert left, "the killed engine unlinked its queues after all: nothing to sweep"
         kept = sorted(engine_shm_files(engine_pids(alive.llm)))
-        time.sleep(2.5)  # older than the sweep's minimum age (younger files may belong to an engine starting now)
-        assert set(left) <= set(orphaned_files(min_age_s=2.0)) and not set(kept) & set(orphaned_files(min_age_s=2.0))
-        removed = sweep_orphans(min_age_s=2.0)
-        assert set(left) <= set(removed)
+        assert set(left) <= set(sweep_recorded(records))
         assert [name for name in files if (SHM_DIR / name).exists()] == []
         assert all((SHM_DIR / name).exists() for name in kept)  # the live engine's queues are untouched
+        assert sorted(p.name for p in records.iterdir()) == ["alive.json"]  # the swept record is dropped
     finally:
         alive.shutdown()
         ray.shutdown()
+    sweep_recorded(records)  # as the driver's at the run's close: whatever the clean shutdown could not unlink yet
+    assert list(records.iterdir()) == []  # every record dropped once its files are gone
+    assert [name for name in kept if (SHM_DIR / name).exists()] == []
