@@ -27,8 +27,8 @@ Phases (a colocated engine sleeps while its GPUs train; `training.memory` descri
     train        fixed + graphs + weights + gradients + optimizer + activations + logits + reference + fp8 cache
     generate     fixed + resident + vLLM budget      (resident = weights + reference + fp8 cache, + gradients +
                                                       optimizer unless `offload_train_state` keeps them on the host)
-    refit        fixed + resident + vLLM weights + its graph pools (`wake_up(["weights"])` restores every
-                 non-deferrable pool) + the export's gathered tensor twice (the TP shards and their
+    refit        fixed + resident + vLLM weights + its graph pools (on the GPU throughout, asleep or awake:
+                 `VLLM_GRAPH_POOLS_GIB`) + the export's gathered tensor twice (the TP shards and their
                  concatenation, held across the generator's `yield`) + with `ipc` the staging buffer and the
                  worker's copy of a bucket (`rollout.refit.refit_plan`) + the layer-wise reload's largest module
     checkpoint   fixed + graphs + weights + gradients + optimizer + reference + fp8 cache    (engine asleep at
@@ -440,17 +440,19 @@ def startup_checks(cfg: HacpoConfig) -> HacpoConfig:
             logger.warning(warning)
     for note in fp8_notes(cfg):  # what the train/sample mismatch metric will show
         logger.warning(note)
+    planned = cfg.runtime.cluster.device == "cuda" or any(a.rollout.gpu_memory_utilization == "auto"
+                                                          for a in cfg.agents)
+    if cfg.runtime.cluster.device == "cpu" or planned:
+        check_agents(cfg)  # the KV-cache check and the plan read the tokenizers and checkpoint configs
     if cfg.runtime.cluster.device == "cpu":
         from nemo_hacpo.models.architecture import model_arch
         from nemo_hacpo.models.tokenizers import load_tokenizer
 
-        check_agents(cfg)
         archs = [model_arch(a, len(load_tokenizer(tokenizer_source(a))) if a.model.source == "tiny" else None)
                  for a in cfg.agents]
         if issues := cpu_kv_cache_issues(cfg, archs):
             raise ConfigError(issues)
-    if cfg.runtime.cluster.device == "cuda" or any(a.rollout.gpu_memory_utilization == "auto" for a in cfg.agents):
-        check_agents(cfg)  # the plan reads the tokenizers and checkpoint configs
+    if planned:
         cfg, plan = startup_plan(cfg)
         for p in plan.agents:
             logger.info("plan: agent %s peaks at %.1f GiB per GPU (limit %.1f); vLLM gpu_memory_utilization %.2f, "

@@ -59,8 +59,7 @@ from nemo_hacpo.rollout.outputs import (
 )
 from nemo_hacpo.rollout.sampling import (
     SamplingSettings,
-    call_base_seed,
-    request_seeds,
+    call_request_seeds,
     sampling_kwargs,
     scoring_kwargs,
 )
@@ -198,8 +197,9 @@ class RolloutEngine:
 
         `max_tokens` defaults to (and may not exceed) the agent's max_response_length. `seed` is the call's base
         seed (prompt b's request gets seed + b·n, its responses seed + b·n + g); None derives it from the engine
-        seed and the call count, so a run is reproducible and successive calls differ. `sampling` overrides the
-        agent's temperature / top-p / top-k for this call (evaluation: `SamplingSettings(temperature=0.0)`).
+        seed and the call count, so a run is reproducible and successive calls differ; an engine with
+        `rollout.seeded_requests: false` seeds no request and ignores it (`call_request_seeds`). `sampling`
+        overrides the agent's temperature / top-p / top-k for this call (evaluation: `SamplingSettings(temperature=0.0)`).
         """
         if self._asleep:
             raise RuntimeError(f"engine {self.settings.agent_name!r} is asleep ({sorted(self._asleep)}); "
@@ -214,11 +214,8 @@ class RolloutEngine:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if self.settings.seeded_requests or seed is not None:
-            base = call_base_seed(self.settings.seed, self._generate_calls) if seed is None else seed
-            seeds: list[int | None] = list(request_seeds(base, len(prompt_token_ids), n))
-        else:  # the engine's own generator: no per-request loop in vLLM's sampler
-            seeds = [None] * len(prompt_token_ids)
+        seeds = call_request_seeds(self.settings.seeded_requests, self.settings.seed, self._generate_calls, seed,
+                                   len(prompt_token_ids), n)
         params = [SamplingParams(**sampling_kwargs(sampling or self.sampling, n=n, max_tokens=max_tokens,
                                                    eos_token_id=self.eos_token_id, seed=s)) for s in seeds]
         prompts = [list(map(int, ids)) for ids in prompt_token_ids]

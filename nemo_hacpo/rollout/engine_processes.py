@@ -150,32 +150,37 @@ def record_engine(path: Path, pids: Iterable[int], names: Iterable[str]) -> None
     """Write what a started engine's processes are and which /dev/shm files they map (atomic, JSON)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"host": socket.gethostname(), "boot_id": _boot_id(), "pids": sorted(pids),
-                               "shm": sorted(names)}))
+    tmp.write_text(json.dumps({**_this_host(), "pids": sorted(pids), "shm": sorted(names)}))
     os.replace(tmp, path)
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
+def _this_host() -> dict[str, str]:
+    """Host name, boot id and pid namespace (as `runtime.run_lock.host_identity`, a layer above): a recorded pid
+    means the same process only when all three match — containers on one machine share its boot id and may share a
+    host name, and from another pid namespace every recorded engine would look gone while it runs."""
+    def read(path: str, link: bool = False) -> str:
+        try:
+            return os.readlink(path) if link else Path(path).read_text().strip()
+        except OSError:
+            return ""
+
+    return {"host": socket.gethostname(), "boot_id": read("/proc/sys/kernel/random/boot_id"),
+            "pid_ns": read("/proc/self/ns/pid", link=True)}
 
 
 def sweep_recorded(directory: Path) -> list[str]:
     """Unlink the /dev/shm files of the engines recorded in `directory` (`record_engine`) whose processes are all
-    gone — what a killed engine left — and drop their records; records of another host or boot, and of engines
-    still running, are left. Returns the names unlinked."""
-    import json
-
+    gone — what a killed engine left — and drop their records; records of another host, boot or pid namespace,
+    unreadable ones, and those of engines still running are left. Returns the names unlinked."""
     removed: list[str] = []
+    here = _this_host()
     for record_path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
             record = json.loads(record_path.read_text())
         except (OSError, ValueError):
             continue
-        if record.get("host") != socket.gethostname() or record.get("boot_id") != _boot_id():
-            continue  # another node's engine: its files are in that node's /dev/shm
+        if not isinstance(record, dict) or any(record.get(key) != value for key, value in here.items()):
+            continue  # another node's (or container's) engine: its files are not this one's to judge
         pids, names = record.get("pids", []), record.get("shm", [])
         if any(_alive(pid) for pid in pids):
             continue

@@ -59,6 +59,20 @@ def request_seeds(base_seed: int, num_prompts: int, n: int) -> list[int]:
     return [(base_seed + b * n) % SEED_MODULUS for b in range(num_prompts)]
 
 
+def call_request_seeds(seeded: bool, engine_seed: int, call_index: int, seed: int | None, num_prompts: int,
+                       n: int) -> list[int | None]:
+    """Seed of each prompt's request in one generate call. Seeded: from the caller's base `seed`, else from the
+    engine's seed and the call count (`call_base_seed`). Unseeded (`rollout.seeded_requests: false`): None for
+    every request, whatever the caller passed — the engine's own generator, no per-request loop in vLLM's sampler.
+
+    Example: seeded, seed 10, 3 prompts, n = 4 → [10, 14, 18]; unseeded → [None, None, None].
+    """
+    if not seeded:
+        return [None] * num_prompts
+    base = call_base_seed(engine_seed, call_index) if seed is None else seed
+    return list(request_seeds(base, num_prompts, n))
+
+
 def sampling_kwargs(sampling: SamplingSettings, *, n: int, max_tokens: int, eos_token_id: int,
                     seed: int | None) -> dict[str, Any]:
     """Keyword arguments of `vllm.SamplingParams` for one prompt's G = n responses.

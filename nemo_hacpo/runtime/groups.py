@@ -77,14 +77,16 @@ def reserve_placement(agent: AgentConfig, device: str, gpus_per_rank: float = 1.
     group = placement_group(bundles, strategy="PACK", name=f"hacpo-{agent.name}")
     try:
         ray.get(group.ready(), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError as err:
-        remove_placement_group(group)  # do not leave a half-reserved group behind
+        nodes = placement_group_table(group)["bundles_to_node_id"]
+    except BaseException as err:  # a timeout, or a stop signal while waiting: leave no half-reserved group behind
+        remove_placement_group(group)
+        if not isinstance(err, ray.exceptions.GetTimeoutError):
+            raise
         have = ray.available_resources()
         raise WorkerFailure(
             f"agent {agent.name!r}: Ray could not reserve {world} bundle(s) of {bundles[0]} within "
             f"{timeout_s:.0f} s (free now: {have.get('GPU', 0):g} GPU, {have.get('CPU', 0):g} CPU); "
             "are enough nodes in the Ray cluster, and is another agent or job holding them?") from err
-    nodes = placement_group_table(group)["bundles_to_node_id"]
     order = ranks_by_node(nodes)
     return Placement(group, order, [nodes[bundle] for bundle in order])
 

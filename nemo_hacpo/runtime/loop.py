@@ -477,10 +477,16 @@ class HacpoRun:
                 group.finish_shutdown(pending[name], deadline)
             wait_released([group.release_placement() for group in self.groups.values()], deadline)
         finally:  # the directory is free once nothing of this run writes there any more
-            sweep_recorded(engine_records(self.out_dir))  # the message queues of engines whose actors were killed
             if self._lock is not None:
-                self._lock.release()
-                self._lock = None
+                try:
+                    if self._lock.lost is None:  # another run's directory is not this one's to sweep
+                        sweep_recorded(engine_records(self.out_dir))  # queues of engines whose actors were killed
+                except Exception:
+                    logger.exception("sweeping the engines' shared memory recorded in %s failed",
+                                     engine_records(self.out_dir))
+                finally:
+                    self._lock.release()
+                    self._lock = None
 
 
 class Terminated(KeyboardInterrupt):

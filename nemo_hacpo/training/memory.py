@@ -106,13 +106,14 @@ class TrainStateOffload:
         freed = 0
         self._tracked: dict[int, torch.Tensor] = {}
         pin = torch.cuda.is_available()
+        kept, self._host = self._host, {}  # the arena of the state as it is now: a buffer of a tensor gone is dropped
         for tensor in self.state_tensors():
             storage = tensor.untyped_storage()
-            host = self._host.get(id(tensor))
+            key = id(tensor)
+            host = kept.get(key)
             if host is None or host.numel() != storage.nbytes():
                 host = torch.empty(storage.nbytes(), dtype=torch.uint8, device="cpu", pin_memory=pin)
             host.untyped_storage().copy_(storage)
-            key = id(tensor)
             self._host[key], self._tracked[key] = host, tensor
             freed += storage.nbytes()
             storage.resize_(0)

@@ -109,3 +109,40 @@ def test_every_hung_rank_is_named(ray_local):
     assert ray_local.wait(futures[1:], num_returns=2, timeout=0)[1] == futures[1:]  # given up on, still running
     for actor in group.actors:
         ray_local.kill(actor)
+
+
+def _groups_left(ray, name: str) -> list[str]:
+    from ray.util.placement_group import placement_group_table
+
+    return [g["state"] for g in placement_group_table().values() if g["name"] == f"hacpo-{name}"
+            and g["state"] != "REMOVED"]
+
+
+def test_a_placement_that_cannot_be_reserved_is_given_back_and_named(ray_local):
+    """Issue #41: placements are reserved before anything starts; one that does not fit in time is removed (not
+    left pending, to be granted later to nobody) and the error names the agent and what was free."""
+    from nemo_hacpo.runtime.groups import reserve_placement
+
+    agent = SimpleNamespace(name="too_wide", parallel=SimpleNamespace(world_size=8))
+    with pytest.raises(WorkerFailure, match=r"agent 'too_wide': Ray could not reserve 8 bundle\(s\) of \{'CPU': 1\}"):
+        reserve_placement(agent, "cpu", timeout_s=1.0)
+    assert _groups_left(ray_local, "too_wide") == []
+
+
+def test_a_stop_signal_while_reserving_gives_the_placement_back(ray_local, monkeypatch):
+    """A SIGTERM (the loop's `Terminated`, a KeyboardInterrupt) arriving while Ray reserves a placement: the group
+    being reserved is not yet in the loop's list of placements to release, so the reservation removes it itself."""
+    from nemo_hacpo.runtime.groups import reserve_placement
+    from nemo_hacpo.runtime.loop import Terminated
+
+    real_get = ray_local.get
+
+    def interrupted(*args, **kwargs):
+        monkeypatch.setattr(ray_local, "get", real_get)
+        raise Terminated()
+
+    monkeypatch.setattr(ray_local, "get", interrupted)
+    agent = SimpleNamespace(name="stopped", parallel=SimpleNamespace(world_size=8))  # never fits: pending until removed
+    with pytest.raises(Terminated):
+        reserve_placement(agent, "cpu", timeout_s=60.0)
+    assert _groups_left(ray_local, "stopped") == []

@@ -1,7 +1,13 @@
 """The plan's GPU terms against what the first H200 run measured (issue #38): the trainer (bf16, Megatron's local
 spec, no Transformer Engine, an NCCL world of one) on two shapes, the training peak net of weights, gradients and
 optimizer state — Llama-3.2-1B's at 2 × 2,048 tokens, 33.6 GiB; 8 of Qwen3-8B's 36 layers at 1 × 4,096, 35.7 GiB —
-and the logits path at 6.4 bytes per element. `benchmarks/gpu_memory.py` measures them again on any GPU."""
+and the logits path at 6.4 bytes per element. `benchmarks/gpu_memory.py` measures them again on any GPU.
+
+What these tests can and cannot show: the activation and score terms are counted from the architecture, but one
+constant (`SCORE_BYTES_BACKWARD`) was fitted to what these same two peaks left — one parameter for two shapes, so
+the second checks the first only to ~0.4 GiB — and the logits and process constants are the measurements
+themselves. They keep the calibration from drifting; evidence that it holds on other shapes is the benchmark's,
+run on a GPU."""
 
 from __future__ import annotations
 

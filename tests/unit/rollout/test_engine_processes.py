@@ -5,6 +5,7 @@ or by a child process it starts, so the rules are checked without starting vLLM.
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import secrets
@@ -19,6 +20,8 @@ from nemo_hacpo.rollout.engine_processes import (
     engine_pids,
     engine_shm_files,
     mapped_shm_files,
+    record_engine,
+    sweep_recorded,
     unlink_orphans,
     wait_gone,
 )
@@ -102,3 +105,23 @@ def test_a_file_another_live_process_maps_is_left_alone(shm_file):
 def test_files_already_gone_and_engines_without_processes_are_fine():
     assert unlink_orphans({f"vllm_missing_{secrets.token_hex(4)}"}, []) == []
     assert engine_pids(object()) == []
+
+
+def test_the_sweep_takes_only_records_of_this_host_boot_and_pid_namespace(shm_file, tmp_path):
+    """A record of an engine whose processes are gone is swept; the same record written from another pid namespace
+    (a container sharing /dev/shm: from here its engine's processes look gone while they run) or of another boot is
+    left, and a record that is not an engine's (another program's JSON, a list) is skipped without failing."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # a pid that is gone
+    records = tmp_path / "records"
+    record_engine(records / "gone.json", [proc.pid], [shm_file.name])
+    mine = json.loads((records / "gone.json").read_text())
+    assert set(mine) == {"host", "boot_id", "pid_ns", "pids", "shm"} and mine["pid_ns"].startswith("pid:[")
+    (records / "other_ns.json").write_text(json.dumps({**mine, "pid_ns": "pid:[1]"}))
+    (records / "other_boot.json").write_text(json.dumps({**mine, "boot_id": "another-boot"}))
+    (records / "list.json").write_text("[1, 2]")
+    (records / "gone.json").rename(records / "z_gone.json")  # swept last: the others are read first
+
+    assert sweep_recorded(records) == [shm_file.name]
+    assert not shm_file.exists()
+    assert sorted(p.name for p in records.iterdir()) == ["list.json", "other_boot.json", "other_ns.json"]

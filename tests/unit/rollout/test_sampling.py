@@ -9,6 +9,7 @@ from nemo_hacpo.rollout.sampling import (
     SEED_MODULUS,
     SamplingSettings,
     call_base_seed,
+    call_request_seeds,
     request_seeds,
     sampling_kwargs,
     scoring_kwargs,
@@ -32,6 +33,15 @@ def test_call_base_seed_is_deterministic_and_varies():
     assert all(0 <= s < SEED_MODULUS for s in seeds)
     with pytest.raises(ValueError):
         call_base_seed(-1, 0)
+
+
+def test_call_request_seeds_follow_the_switch_whatever_the_caller_passes():
+    # Seeded: the caller's base seed, else the engine's seed and call count; the loop and the evaluation always
+    # pass one, so an unseeded engine (rollout.seeded_requests: false) must drop it.
+    assert call_request_seeds(True, 0, 0, 10, 3, 4) == [10, 14, 18]
+    assert call_request_seeds(True, 7, 2, None, 2, 4) == request_seeds(call_base_seed(7, 2), 2, 4)
+    assert call_request_seeds(False, 7, 2, 10, 3, 4) == [None, None, None]
+    assert call_request_seeds(False, 7, 2, None, 2, 4) == [None, None]
 
 
 def test_sampling_kwargs_from_config():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -303,3 +304,40 @@ def test_a_takeover_between_two_steps_is_noticed_at_the_next_step(tmp_path):
     logged = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged == [1] and checkpoints == []  # step 2 trained but wrote nothing; no step 3
     assert json.loads((tmp_path / LOCK_FILE).read_text())["token"] == "theirs"
+
+
+def test_closing_sweeps_only_a_directory_it_holds_and_always_releases(tmp_path, monkeypatch, caplog):
+    """`HacpoRun.close` sweeps the engines' recorded /dev/shm files only while it holds the directory: a run whose
+    lock was taken over leaves the new holder's records alone. A sweep that fails is logged and the lock is
+    released all the same."""
+    import nemo_hacpo.runtime.loop as loop
+    from nemo_hacpo.runtime.loop import HacpoRun
+
+    swept = []
+    monkeypatch.setattr(loop, "sweep_recorded", lambda directory: swept.append(directory) or [])
+    cfg = load_config("pair_tiny_gpt", [f"runtime.output_dir={tmp_path}", "warmstart.enabled=false"])
+
+    run = HacpoRun(cfg)  # no start: the lock alone (close() of a run without groups)
+    run._lock = RunLock(tmp_path, cfg.runtime.lock_stale_s).acquire()
+    run.close()
+    assert swept == [tmp_path / "engines" / ".shm"] and not (tmp_path / LOCK_FILE).exists()
+
+    swept.clear()
+    run._lock = RunLock(tmp_path, cfg.runtime.lock_stale_s).acquire()
+    _write_holder(tmp_path, host="node7", pid=1234)  # taken over meanwhile
+    with pytest.raises(LockLost):
+        run._lock.check()
+    run.close()
+    assert swept == [] and json.loads((tmp_path / LOCK_FILE).read_text())["token"] == "theirs"
+
+    (tmp_path / LOCK_FILE).unlink()
+    run._lock = RunLock(tmp_path, cfg.runtime.lock_stale_s).acquire()
+
+    def failing(directory):
+        raise OSError(116, "Stale file handle")
+
+    monkeypatch.setattr(loop, "sweep_recorded", failing)
+    with caplog.at_level(logging.ERROR, logger="nemo_hacpo.runtime.loop"):
+        run.close()
+    assert "sweeping the engines' shared memory" in caplog.text and not (tmp_path / LOCK_FILE).exists()
+    assert run._lock is None

@@ -4,6 +4,7 @@ of 41.5 GiB took 21.9 s and the next 0.62 s. With `keep_host` the copies made by
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -51,3 +52,22 @@ def test_the_host_arena_is_kept_and_reused_only_with_keep_host(keep_host: bool) 
 def test_keep_host_defaults_to_cuda_where_copies_are_pinned() -> None:
     optimizer, model, _ = _adam()
     assert TrainStateOffload(optimizer, [model]).keep_host is torch.cuda.is_available()
+
+
+def test_a_state_recreated_after_the_first_offload_drops_the_old_buffers() -> None:
+    """A checkpoint load rebuilds the optimizer's state tensors: the arena then holds the new state's buffers only,
+    not those of tensors that no longer exist as well (which would pin twice the state on the host for good)."""
+    optimizer, model, step = _adam()
+    memory = TrainStateOffload(optimizer, [model], keep_host=True)
+    state_bytes = sum(t.numel() * t.element_size() for t in memory.state_tensors())
+    memory.offload()
+    memory.restore()
+    adam = optimizer.optimizer
+    before = adam.state_dict()  # held, so that no new tensor can take an old one's id
+    adam.load_state_dict(copy.deepcopy(before))  # new state tensors, as a checkpoint load makes
+    assert not {id(t) for t in memory.state_tensors()} & {id(t) for t in before["state"][0].values()}
+    step()
+    memory.offload()
+    assert memory.host_bytes() == state_bytes and len(memory._host) == 2
+    memory.restore()
+    assert memory.host_bytes() == state_bytes
