@@ -12,6 +12,9 @@ Order. Under xdist the units are handed out heaviest first (the `UNITS`, then th
 `slow`), so that the last one to finish is short; in one process the collection order is kept.
 `--shuffle=<seed>` first shuffles the modules and the tests inside each module: the suite must pass in any order
 (the README's second test command).
+
+/dev/shm. After the run, the summary lists the vLLM shared-memory files that tests left and no process maps
+(`tests/helpers/shm_watch.py`): none, or each with the test it appeared in.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ for _name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
     os.environ.setdefault(_name, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import json  # noqa: E402
+
 import pytest  # noqa: E402
+
+SHM_AT_START = pytest.StashKey[set]()
+SHM_LEFT = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser):
@@ -101,3 +109,45 @@ def _skip_gpu_tests(items) -> None:
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# ------------------------------------------------------------------------------------------------ /dev/shm
+def pytest_configure(config):
+    from tests.helpers.shm_watch import engine_files
+
+    config.stash[SHM_AT_START] = engine_files()
+    config.stash[SHM_LEFT] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    from tests.helpers.shm_watch import engine_files, left_behind
+
+    before = engine_files()
+    yield  # the test, and the teardown of the fixtures it was the last to use
+    left = left_behind(before)
+    if left:
+        item.config.stash[SHM_LEFT].append([item.nodeid, left])
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: the controller reports
+        session.config.workeroutput["shm_left"] = json.dumps(session.config.stash[SHM_LEFT])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    node.config.stash[SHM_LEFT] += json.loads(getattr(node, "workeroutput", {}).get("shm_left", "[]"))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    from tests.helpers.shm_watch import describe, left_behind
+
+    left = left_behind(config.stash[SHM_AT_START])
+    if not left:
+        terminalreporter.write_line("/dev/shm: no vLLM shared-memory file left by the tests")
+        return
+    terminalreporter.write_line(f"/dev/shm: {len(left)} vLLM shared-memory file(s) left by the tests, mapped by no "
+                                f"process: {describe(left)}")
+    for nodeid, names in config.stash[SHM_LEFT]:
+        terminalreporter.write_line(f"  appeared in {nodeid}: {', '.join(names)}")

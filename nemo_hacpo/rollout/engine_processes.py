@@ -168,12 +168,15 @@ def _this_host() -> dict[str, str]:
             "pid_ns": read("/proc/self/ns/pid", link=True)}
 
 
-def sweep_recorded(directory: Path) -> list[str]:
+def sweep_recorded(directory: Path, wait_s: float = 0.0) -> list[str]:
     """Unlink the /dev/shm files of the engines recorded in `directory` (`record_engine`) whose processes are all
     gone — what a killed engine left — and drop their records; records of another host, boot or pid namespace,
-    unreadable ones, and those of engines still running are left. Returns the names unlinked."""
+    unreadable ones, and those of engines still running are left. `wait_s`: how long, in all, to wait for recorded
+    processes to exit (an engine whose rank actor was just killed dies a moment later). Returns the names
+    unlinked."""
     removed: list[str] = []
     here = _this_host()
+    deadline = time.monotonic() + wait_s
     for record_path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
         try:
             record = json.loads(record_path.read_text())
@@ -182,8 +185,8 @@ def sweep_recorded(directory: Path) -> list[str]:
         if not isinstance(record, dict) or any(record.get(key) != value for key, value in here.items()):
             continue  # another node's (or container's) engine: its files are not this one's to judge
         pids, names = record.get("pids", []), record.get("shm", [])
-        if any(_alive(pid) for pid in pids):
-            continue
+        if wait_gone(pids, max(deadline - time.monotonic(), 0.0)):
+            continue  # still running
         removed += unlink_orphans(names, pids)
         if not any((SHM_DIR / name).exists() for name in names):
             record_path.unlink(missing_ok=True)

@@ -74,6 +74,10 @@ from nemo_hacpo.training.objective import Objective
 logger = logging.getLogger(__name__)
 REWARD_SMOOTHING = 5
 """Steps in the moving average drawn over the training reward and response length per step."""
+ENGINE_EXIT_WAIT_S = 5.0
+"""At the run's close, how long the /dev/shm sweep waits for the processes of engines whose rank actors were just
+killed to exit (vLLM's EngineCore and workers notice their parent's death within a second or two); inside the
+~30 s Slurm leaves between SIGTERM and SIGKILL, with the engines' 15 s and the placements' 5 s."""
 
 
 def batch_group_ids(problems: list[MathProblem]) -> list[str]:
@@ -480,7 +484,8 @@ class HacpoRun:
             if self._lock is not None:
                 try:
                     if self._lock.lost is None:  # another run's directory is not this one's to sweep
-                        sweep_recorded(engine_records(self.out_dir))  # queues of engines whose actors were killed
+                        # the queues of engines whose actors were killed just now: their processes exit a moment later
+                        sweep_recorded(engine_records(self.out_dir), wait_s=ENGINE_EXIT_WAIT_S)
                 except Exception:
                     logger.exception("sweeping the engines' shared memory recorded in %s failed",
                                      engine_records(self.out_dir))

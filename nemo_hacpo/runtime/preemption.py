@@ -157,14 +157,18 @@ class Deadline:
         return self._slurm_end
 
     def end(self) -> tuple[float, str] | None:
-        """(end time, what sets it) of the earliest limit, or None without one."""
+        """(end time, what sets it) of the earliest limit, or None without one. On a tie the Slurm job is named:
+        the job script sets runtime.stop_by to the job's own end, read from squeue."""
         limits = []
-        if self.stop_by is not None:
-            limits.append((self.stop_by, "runtime.stop_by"))
         slurm = self.slurm_end()
         if slurm is not None:
-            limits.append((slurm, f"the end of Slurm job {self.slurm_job}"))
-        return min(limits) if limits else None
+            limits.append((slurm, 0, f"the end of Slurm job {self.slurm_job}"))
+        if self.stop_by is not None:
+            limits.append((self.stop_by, 1, "runtime.stop_by"))
+        if not limits:
+            return None
+        end, _, what = min(limits)
+        return end, what
 
     def describe(self) -> str | None:
         """One line for the console at the start of training; None without a limit."""

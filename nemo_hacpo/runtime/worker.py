@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import logging
 import os
 import socket
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ import torch
 from nemo_hacpo.algo.rows import TrainingRows
 from nemo_hacpo.config import AgentConfig
 from nemo_hacpo.rollout.engine_group import EngineGroup
+from nemo_hacpo.rollout.engine_processes import sweep_recorded
 from nemo_hacpo.rollout.outputs import GenerationResult, RefitStats
 from nemo_hacpo.rollout.refit import RpcRefit, StagedRefit, make_refit_strategy
 from nemo_hacpo.rollout.settings import engine_cpu_cores
@@ -67,6 +69,7 @@ if TYPE_CHECKING:
     from nemo_hacpo.training.memory import TrainStateOffload
     from nemo_hacpo.training.trainer import MegatronTrainer
 
+logger = logging.getLogger(__name__)
 
 def release_cached_memory() -> None:
     """Return the CUDA caching allocator's unused blocks to the device (a no-op without CUDA)."""
@@ -293,6 +296,12 @@ class AgentRank:
         engine GPUs (the seam a test replaces with an engine of its own)."""
         from nemo_hacpo.rollout import RolloutEngine
 
+        records = engine_records(self.run_dir)
+        try:  # what engines killed on this node in an earlier run left (the driver sweeps its own node's only)
+            sweep_recorded(records)
+        except Exception:
+            logger.exception("agent %s rank %d: sweeping the shared memory recorded in %s failed", self.agent.name,
+                             self.rank, records)
         # vLLM advertises this node's routable address, never a loopback one another node could not reach
         if "VLLM_HOST_IP" not in os.environ and (address := self._node_address()):
             os.environ["VLLM_HOST_IP"] = address
@@ -307,7 +316,7 @@ class AgentRank:
             set_environment(engine_env)  # what the engine's processes inherit when vLLM spawns them
             return RolloutEngine.from_agent(self.agent, hf_dir, default_seed=self.seed, cpu_cores=cpu_cores,
                                             dummy_weights=dummy_weights,
-                                            shm_record=engine_records(self.run_dir) / f"{self.agent.name}_rank{self.rank}.json")
+                                            shm_record=records / f"{self.agent.name}_rank{self.rank}_{os.getpid()}.json")
         finally:
             set_environment(saved)
 

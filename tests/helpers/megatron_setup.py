@@ -37,11 +37,11 @@ def megatron_parallel_state(tp: int = 1, pp: int = 1, seed: int = 1234) -> Itera
 def gloo_world_of_one() -> Iterator[None]:
     """An in-process torch.distributed world (gloo, rank 0 of 1) with the CPU shim; torn down on exit."""
     from nemo_hacpo.models.megatron_cpu_shim import apply_cpu_shim, remove_cpu_shim
-    from tests.helpers.distributed import free_port
 
     apply_cpu_shim()
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                                         world_size=1)
+    # a store on a port the OS picks while binding it: no window in which a test beside this one takes the port
+    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, wait_for_workers=False)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         yield
     finally:

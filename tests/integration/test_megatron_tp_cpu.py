@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -174,15 +173,12 @@ def _worker(mode: str, out_dir: Path) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _launch(mode: str, world_size: int, out_dir: Path) -> None:
     """Run `world_size` copies of this file as a script, one per rank, and fail with their output."""
-    port = _free_port()
+    # imported here: the ranks run this file as a script, where `tests` is not importable
+    from tests.helpers.distributed import free_port
+
+    port = free_port()
     processes = []
     for rank in range(world_size):
         env = dict(

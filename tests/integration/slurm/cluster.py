@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.distributed import free_port
 from tests.helpers.runs import small_kv_cache
 
 REPO = Path(__file__).resolve().parents[3]
@@ -47,12 +47,6 @@ def skip_or_fail(reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but the Slurm test cannot run: {reason} (bash scripts/install_ci_deps.sh)")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def tail(path: Path, lines: int = 40) -> str:

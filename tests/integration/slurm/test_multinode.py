@@ -12,7 +12,8 @@ With one Ray CPU per node and one CPU per agent rank, Ray's placement puts one r
 - node failure: every process of the job on node 2 is SIGKILLed inside step 2; the job ends within a bounded
   time, FAILED, naming the agent and rank that lived there and the last complete checkpoint (step 1); nothing is
   left on any node; resubmitting the same line resumes from step 1 and finishes, its step 2 equal to the
-  uninterrupted run's (the tolerance of tests/integration/runtime/test_resume_and_failures.py);
+  uninterrupted run's (the tolerance of tests/integration/runtime/test_resume_and_failures.py), and the queues the
+  killed engine left in /dev/shm are gone (the new run's rank on that node swept them);
 - `scancel` while the agents start: every node's processes are gone.
 """
 
@@ -52,6 +53,7 @@ from tests.integration.slurm.cluster import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+SHM = Path("/dev/shm")
 ADDRESS = {"node1": "10.77.0.1", "node2": "10.77.0.2", "node3": "10.77.0.3"}
 COMPARED = ("reward_mean", "response_length_mean", "train/loss", "train/policy_loss", "train/grad_norm",
             "train/self_ratio_mean", "capability")
@@ -162,9 +164,15 @@ def test_node_failure_stops_the_job_and_a_resubmission_resumes(cluster, two_node
     assert "last complete checkpoint: " in driver and "step_000001" in driver.split("last complete checkpoint: ")[-1]
     assert wait_until_gone(run.job_id, conf) == []  # every node, not only the one that died
     print(f"\n{victim} killed ({victim_agent} rank {victim_rank}): the job ended {stopped_s:.0f} s later")
+    # the killed node's engine left its queues in /dev/shm; the driver, on the other node, leaves them (its sweep
+    # judges its own node's processes only), the next run's rank on that node sweeps them before its engine starts
+    left = _recorded_shm(out)
+    assert left, f"the killed engine left no recorded /dev/shm file: {sorted((out / 'engines' / '.shm').glob('*'))}"
 
     again = sbatch(cluster, out, nodes=2, ray_cpus=1, overrides=TINY_OVERRIDES, wait=True, tag="again")
     _completed(again, cluster)
+    assert not any((SHM / name).exists() for name in left), [name for name in left if (SHM / name).exists()]
+    assert _recorded_shm(out) == []  # and the clean shutdown of the second run's engines left nothing recorded
     log = (out / "logs" / "driver.log").read_text(errors="replace")
     assert "resuming from " in log and "(step 1)" in log.split("resuming from ")[-1].splitlines()[0], log[-3000:]
     resumed = metrics_by_step(out)
@@ -175,6 +183,14 @@ def test_node_failure_stops_the_job_and_a_resubmission_resumes(cluster, two_node
             if name in expected[2]:
                 assert resumed[2][name] == pytest.approx(expected[2][name], rel=1e-5, abs=1e-6), name
     assert wait_until_gone(again.job_id, conf) == []
+
+
+def _recorded_shm(run_dir: Path) -> list[str]:
+    """The /dev/shm files the run's engines recorded (`engine_processes.record_engine`) that still exist."""
+    names = []
+    for record in sorted((run_dir / "engines" / ".shm").glob("*.json")):
+        names += [name for name in json.loads(record.read_text())["shm"] if (SHM / name).exists()]
+    return names
 
 
 def test_scancel_tears_down_every_node(cluster, tmp_path):

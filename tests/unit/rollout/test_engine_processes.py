@@ -11,6 +11,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -125,3 +126,20 @@ def test_the_sweep_takes_only_records_of_this_host_boot_and_pid_namespace(shm_fi
     assert sweep_recorded(records) == [shm_file.name]
     assert not shm_file.exists()
     assert sorted(p.name for p in records.iterdir()) == ["list.json", "other_boot.json", "other_ns.json"]
+
+
+def test_the_sweep_waits_for_engine_processes_that_are_still_exiting(shm_file, tmp_path):
+    """An engine whose rank actor was just killed exits a moment later: without a wait its record is left as still
+    running (and its files stay until a later run); with `wait_s` the sweep waits for it, then unlinks them."""
+    # runs until its stdin closes: alive for the first sweep whatever the machine's speed, gone during the second
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    records = tmp_path / "records"
+    try:
+        record_engine(records / "exiting.json", [proc.pid], [shm_file.name])
+        assert sweep_recorded(records) == [] and shm_file.exists()  # still running: left
+        threading.Timer(0.5, proc.stdin.close).start()  # it exits after the second sweep has begun waiting
+        assert sweep_recorded(records, wait_s=120.0) == [shm_file.name]
+        assert not shm_file.exists() and list(records.iterdir()) == []
+    finally:
+        proc.kill()
+        proc.wait()

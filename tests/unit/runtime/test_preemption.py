@@ -122,6 +122,14 @@ def test_the_earlier_limit_counts_and_slurm_is_asked_again_every_minute():
     assert asked == ["42", "42"]
 
 
+def test_on_a_tie_the_slurm_job_is_named():
+    """The job script passes the job's end as runtime.stop_by: the same time, and the line names the job."""
+    deadline = Deadline(stop_by=5000.0, slurm_job="42", margin_s=0.0, wall=lambda: 0.0, ask_slurm=lambda job: 5000.0)
+    assert deadline.end() == (5000.0, "the end of Slurm job 42")
+    assert Deadline(stop_by=4999.0, slurm_job="42", margin_s=0.0, wall=lambda: 0.0,
+                    ask_slurm=lambda job: 5000.0).end() == (4999.0, "runtime.stop_by")
+
+
 def test_the_deadline_of_a_config(monkeypatch):
     cfg = load_config("pair_tiny_gpt", ["runtime.stop_by=2000-01-01T00:00", "runtime.stop_margin_s=30"])
     with pytest.raises(ConfigError, match=r"runtime.stop_by: 2000-01-01T00:00 has passed"):

@@ -314,13 +314,14 @@ def test_closing_sweeps_only_a_directory_it_holds_and_always_releases(tmp_path, 
     from nemo_hacpo.runtime.loop import HacpoRun
 
     swept = []
-    monkeypatch.setattr(loop, "sweep_recorded", lambda directory: swept.append(directory) or [])
+    monkeypatch.setattr(loop, "sweep_recorded", lambda directory, wait_s=0.0: swept.append((directory, wait_s)) or [])
     cfg = load_config("pair_tiny_gpt", [f"runtime.output_dir={tmp_path}", "warmstart.enabled=false"])
 
     run = HacpoRun(cfg)  # no start: the lock alone (close() of a run without groups)
     run._lock = RunLock(tmp_path, cfg.runtime.lock_stale_s).acquire()
     run.close()
-    assert swept == [tmp_path / "engines" / ".shm"] and not (tmp_path / LOCK_FILE).exists()
+    # waiting for the processes of engines whose actors were killed just now
+    assert swept == [(tmp_path / "engines" / ".shm", loop.ENGINE_EXIT_WAIT_S)] and not (tmp_path / LOCK_FILE).exists()
 
     swept.clear()
     run._lock = RunLock(tmp_path, cfg.runtime.lock_stale_s).acquire()
@@ -333,7 +334,7 @@ def test_closing_sweeps_only_a_directory_it_holds_and_always_releases(tmp_path, 
     (tmp_path / LOCK_FILE).unlink()
     run._lock = RunLock(tmp_path, cfg.runtime.lock_stale_s).acquire()
 
-    def failing(directory):
+    def failing(directory, wait_s=0.0):
         raise OSError(116, "Stale file handle")
 
     monkeypatch.setattr(loop, "sweep_recorded", failing)
