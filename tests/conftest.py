@@ -150,4 +150,5 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_line(f"/dev/shm: {len(left)} vLLM shared-memory file(s) left by the tests, mapped by no "
                                 f"process: {describe(left)}")
     for nodeid, names in config.stash[SHM_LEFT]:
-        terminalreporter.write_line(f"  appeared in {nodeid}: {', '.join(names)}")
+        if still := [name for name in names if name in left]:  # not those something removed later on
+            terminalreporter.write_line(f"  appeared in {nodeid}: {', '.join(still)}")
