@@ -32,6 +32,7 @@ import pytest  # noqa: E402
 
 SHM_AT_START = pytest.StashKey[set]()
 SHM_LEFT = pytest.StashKey[list]()
+SHM_REPORTED = pytest.StashKey[set]()
 
 
 def pytest_addoption(parser):
@@ -137,6 +138,11 @@ def pytest_sessionfinish(session):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
+    reported = node.config.stash.setdefault(SHM_REPORTED, set())
+    worker = getattr(node, "workerinput", {}).get("workerid", id(node))
+    if worker in reported:  # on an interrupt xdist reports a worker down twice
+        return
+    reported.add(worker)
     node.config.stash[SHM_LEFT] += json.loads(getattr(node, "workeroutput", {}).get("shm_left", "[]"))
 
 

@@ -16,7 +16,8 @@ An engine that never gets to its shutdown — its rank actor `ray.kill`ed after 
 a node's processes killed — leaves them all (160–240 MiB apparent each, ~32 MiB touched; 137 had piled up on one
 machine, issue #41). So an engine started with a `record` writes its processes and their files there
 (`record_engine`: host, boot, pids, names), and `sweep_recorded` — the driver's, when a run closes (its actors gone
-or killed) and when one starts (what a killed driver left) — unlinks the recorded files of this host once every
+or killed) and when one starts (what a killed driver left), and each rank's before its engine starts (what a killed
+node left: the driver judges only its own node's processes) — unlinks the recorded files of this host once every
 recorded process is gone and no live process maps them, exactly `unlink_orphans`. Only what this project's engines
 recorded is ever touched: `psm_` and `sem.mp-` are Python's own names, which other programs use too.
 """
@@ -107,10 +108,11 @@ def _all_pids() -> list[int]:
     return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
 
 
-def unlink_orphans(names: Iterable[str], engine_pids: Iterable[int]) -> list[str]:
+def unlink_orphans(names: Iterable[str], engine_pids: Iterable[int], forget: bool = True) -> list[str]:
     """Unlink those of `names` (files in /dev/shm the engine's processes mapped) still present once the engine's
     processes `engine_pids` have all exited and no live process maps them; the names unlinked. Nothing is
-    unlinked while any of the engine's processes is still alive."""
+    unlinked while any of the engine's processes is still alive. `forget`: also tell this process's resource
+    tracker (only where the engine was this process's own: its processes registered the files with it)."""
     present = {name for name in names if (SHM_DIR / name).exists()}
     if not present:
         return []
@@ -130,7 +132,8 @@ def unlink_orphans(names: Iterable[str], engine_pids: Iterable[int]) -> list[str
             logger.warning("could not unlink %s: %s", SHM_DIR / name, exc)
             continue
         removed.append(name)
-        _forget(name)
+        if forget:
+            _forget(name)
     return removed
 
 
@@ -187,7 +190,7 @@ def sweep_recorded(directory: Path, wait_s: float = 0.0) -> list[str]:
         pids, names = record.get("pids", []), record.get("shm", [])
         if wait_gone(pids, max(deadline - time.monotonic(), 0.0)):
             continue  # still running
-        removed += unlink_orphans(names, pids)
+        removed += unlink_orphans(names, pids, forget=False)  # another process's engine: not our tracker's
         if not any((SHM_DIR / name).exists() for name in names):
             record_path.unlink(missing_ok=True)
     if removed:

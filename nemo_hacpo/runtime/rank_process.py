@@ -113,5 +113,5 @@ def redirect_output(log_file: Path) -> None:
 
 def engine_records(run_dir: str | Path) -> Path:
     """Where a run's engines record their processes and /dev/shm files (`engine_processes.record_engine`), so that
-    the driver can sweep what a killed one left (`engine_processes.sweep_recorded`)."""
+    the driver, and each rank on its own node, can sweep what a killed one left (`engine_processes.sweep_recorded`)."""
     return Path(run_dir) / "engines" / ".shm"

@@ -75,10 +75,9 @@ def test_colocated_sleep_wake_and_ipc_refit(checkpoint):
 
         tiny.sgd_step_on_nll(model, sequences, lr=1e-2)  # "training" while asleep
         from nemo_hacpo.rollout.refit import StagedRefit
-        from tests.helpers.distributed import free_port
 
-        torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                                             world_size=1)
+        store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=1, is_master=True, wait_for_workers=False)
+        torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
         try:  # wakes the weights; buckets of ≤ 1 MiB through one reused CUDA IPC staging buffer
             strategy = StagedRefit(rank=0, world=1, engine_tp=1, device="cuda", bound=1 << 20, tag="gpu_test")
             stats = strategy.refit(tiny.hf_weights(model), engine)

@@ -107,8 +107,9 @@ def _wait_all(processes: list[tuple[subprocess.Popen, Any]], timeout_s: float) -
     return failure
 
 
-def _rendezvous(work_dir: Path, rank: int, world_size: int, timeout_s: float = 300.0) -> torch.distributed.Store:
-    """Rank 0: a TCP store on a port the OS picks, published in `work_dir/port`; the others: a client of it."""
+def _rendezvous(work_dir: Path, rank: int, world_size: int, timeout_s: float = 1800.0) -> torch.distributed.Store:
+    """Rank 0: a TCP store on a port the OS picks, published in `work_dir/port`; the others: a client of it. The
+    timeout is torch's default for a process group (the parent's `timeout_s` stops a rank that waits too long)."""
     from torch.distributed import TCPStore
 
     timeout = datetime.timedelta(seconds=timeout_s)
