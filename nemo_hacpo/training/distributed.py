@@ -45,26 +45,25 @@ def init_distributed(rank: int, world_size: int, master_addr: str = "127.0.0.1",
                             timeout=timeout)
 
 
-def process_groups() -> set[Any]:
-    """The process groups this process holds now, the default one included (torch keeps them in its c10d world
-    registry; `dist.new_group` and Megatron's `initialize_model_parallel` add to it)."""
-    from torch.distributed import distributed_c10d
-
-    return set(distributed_c10d._world.pg_map) if dist.is_initialized() else set()
-
-
 def process_groups_in_order() -> list[Any]:
-    """The process groups this process holds, in the order they were created (torch's registry is ordered)."""
+    """The process groups this process holds now, the default one included, in the order they were created (torch
+    keeps them in its ordered c10d world registry; `dist.new_group` and Megatron's `initialize_model_parallel` add
+    to it)."""
     from torch.distributed import distributed_c10d
 
     return list(distributed_c10d._world.pg_map) if dist.is_initialized() else []
+
+
+def process_groups() -> set[Any]:
+    """The process groups this process holds now, as a set (`process_groups_in_order`)."""
+    return set(process_groups_in_order())
 
 
 def destroy_groups(groups: Iterable[Any]) -> int:
     """Destroy these process groups (never the default one), freeing their communicators — with NCCL, their GPU
     buffers; Megatron's `destroy_model_parallel` only forgets its handles. Returns how many were destroyed."""
     destroyed = 0
-    registry = list(process_groups_in_order())
+    registry = process_groups_in_order()
     for group in sorted(groups, key=lambda g: registry.index(g) if g in registry else len(registry)):
         # in creation order on every rank: a communicator's teardown may be collective
         if group is not dist.GroupMember.WORLD and group in registry:
