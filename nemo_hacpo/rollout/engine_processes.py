@@ -63,8 +63,24 @@ def engine_pids(llm: Any) -> list[int]:
 
 
 def mapped_shm_files(pids: Iterable[int]) -> set[str]:
-    """Names of the files in /dev/shm that the processes `pids` map (read from /proc/<pid>/maps; files already
-    unlinked — `(deleted)` — and processes that are gone or unreadable are skipped)."""
+    """Names of the files in /dev/shm that the processes `pids` map (read from /proc/<pid>/maps; processes that are
+    gone or unreadable are skipped).
+
+    A mapping is matched to a name by its inode, not by the path the maps show: glibc's `sem_open` creates a
+    semaphore under a temporary name (`sem.XXXXXX`), maps it and then links it to its real name (`sem.mp-…`) and
+    unlinks the temporary one, so a process holding multiprocessing's lock shows `/dev/shm/sem.XXXXXX (deleted)`
+    for the file that /dev/shm lists as `sem.mp-…`. A file truly unlinked has no name left, and its inode cannot be
+    reused while it is mapped."""
+    names_by_inode: dict[int, set[str]] = {}
+    try:
+        entries = list(os.scandir(SHM_DIR))
+    except OSError:
+        return set()
+    for entry in entries:
+        try:
+            names_by_inode.setdefault(entry.inode(), set()).add(entry.name)
+        except OSError:
+            continue
     names: set[str] = set()
     prefix = f"{SHM_DIR}/"
     for pid in pids:
@@ -74,9 +90,8 @@ def mapped_shm_files(pids: Iterable[int]) -> set[str]:
             continue
         for line in lines:
             fields = line.split(maxsplit=5)
-            path = fields[5].strip() if len(fields) == 6 else ""
-            if path.startswith(prefix) and not path.endswith("(deleted)") and "/" not in path[len(prefix):]:
-                names.add(path[len(prefix):])
+            if len(fields) == 6 and fields[5].startswith(prefix) and fields[4].isdigit():
+                names |= names_by_inode.get(int(fields[4]), set())
     return names
 
 

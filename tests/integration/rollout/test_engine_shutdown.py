@@ -78,6 +78,7 @@ def test_an_engine_whose_actor_was_killed_leaves_queues_that_the_sweep_removes(t
         holder = ray.remote(Holder).remote()
         files, pids = ray.get(holder.files.remote(), timeout=300)
         assert any(name.startswith("psm_") for name in files), files
+        assert any(name.startswith("sem.mp-") for name in files), files  # its lock, mapped as `sem.XXXXXX (deleted)`
         assert set(json.loads((records / "killed.json").read_text())["shm"]) == set(files)
         ray.kill(holder)  # SIGKILL: nothing of the engine's teardown runs
         wait_gone(pids, timeout=60)

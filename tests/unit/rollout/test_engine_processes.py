@@ -38,6 +38,15 @@ print("mapped", flush=True)
 time.sleep(60)
 """
 
+SEMAPHORE_HOLDER = """
+import multiprocessing, time
+from multiprocessing import resource_tracker
+lock = multiprocessing.get_context("spawn").Lock()  # a named semaphore, as vLLM's processes hold one
+resource_tracker.unregister(lock._semlock.name, "semaphore")  # as when Ray kills the tracker with its actor
+print(lock._semlock.name, flush=True)
+time.sleep(60)
+"""
+
 
 @pytest.fixture
 def shm_file():
@@ -59,6 +68,28 @@ def test_the_files_a_process_maps_are_found_by_name_and_unlinked_ones_are_not(sh
         assert shm_file.name in engine_shm_files([os.getpid()])
         shm_file.unlink()
         assert shm_file.name not in mapped_shm_files([os.getpid()])  # "(deleted)": no longer a file in /dev/shm
+
+
+def test_a_semaphore_is_found_by_its_name_although_glibc_maps_it_under_another():
+    """glibc's sem_open maps a new semaphore as `/dev/shm/sem.XXXXXX`, links it to `sem.mp-…` and unlinks the
+    temporary name, so the holder's maps say `sem.XXXXXX (deleted)`: matched by inode, the semaphore is the
+    engine's (and recorded, and swept once its holder is killed), and while its holder lives it is left alone."""
+    proc = subprocess.Popen([sys.executable, "-c", SEMAPHORE_HOLDER], stdout=subprocess.PIPE, text=True)
+    name = "sem." + proc.stdout.readline().strip().lstrip("/")
+    try:
+        assert name.startswith("sem.mp-") and (SHM_DIR / name).exists()
+        assert name not in Path(f"/proc/{proc.pid}/maps").read_text()  # mapped under its temporary name
+        assert name in engine_shm_files([proc.pid])
+        assert unlink_orphans({name}, [], forget=False) == []  # a live process holds it
+        assert (SHM_DIR / name).exists()
+        proc.kill()
+        proc.wait()
+        assert unlink_orphans({name}, [proc.pid], forget=False) == [name]
+        assert not (SHM_DIR / name).exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        (SHM_DIR / name).unlink(missing_ok=True)
 
 
 def test_only_vllm_named_files_count_as_the_engines():
