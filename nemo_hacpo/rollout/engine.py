@@ -135,7 +135,7 @@ class RolloutEngine:
         self._engine_shm = engine_shm_files(self._engine_pids)
         self._shm_record = Path(shm_record) if shm_record is not None else None
         if self._shm_record is not None:
-            record_engine(self._shm_record, self._engine_pids, self._engine_shm)
+            record_engine(self._shm_record, self._engine_pids, self._engine_shm, scratch=self._scratch_dir)
         logger.info("rollout engine %s started in %.1f s (device %s, tp %d, dtype %s, max_model_len %d)",
                     settings.agent_name, self._stats["startup_s"], settings.device, settings.tensor_parallel_size,
                     settings.dtype, settings.max_model_len)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterable
@@ -164,12 +165,25 @@ def _forget(name: str) -> None:
         resource_tracker.unregister(f"/{name[len('sem.'):]}", "semaphore")
 
 
-def record_engine(path: Path, pids: Iterable[int], names: Iterable[str]) -> None:
-    """Write what a started engine's processes are and which /dev/shm files they map (atomic, JSON)."""
+def record_engine(path: Path, pids: Iterable[int], names: Iterable[str], scratch: str | Path | None = None) -> None:
+    """Write what a started engine's processes are and which /dev/shm files they map (atomic, JSON). `scratch`:
+    the engine's scratch directory (generation config, tokenizer view), which its owner — this process — removes
+    when it shuts the engine down or is collected; the sweep removes it once this process is gone too."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({**_this_host(), "pids": sorted(pids), "shm": sorted(names)}))
+    record: dict[str, object] = {**_this_host(), "pids": sorted(pids), "shm": sorted(names)}
+    if scratch is not None:
+        record |= {"scratch": str(scratch), "owner": os.getpid()}
+    tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
+
+
+def _is_engine_scratch(path: Path) -> bool:
+    """Only what `RolloutEngine` creates is ever removed: `nemo_hacpo_<agent>_engine_*` in the temporary directory."""
+    import tempfile
+
+    return (path.parent == Path(tempfile.gettempdir()) and path.name.startswith("nemo_hacpo_")
+            and "_engine_" in path.name)
 
 
 def _this_host() -> dict[str, str]:
@@ -190,8 +204,8 @@ def sweep_recorded(directory: Path, wait_s: float = 0.0) -> list[str]:
     """Unlink the /dev/shm files of the engines recorded in `directory` (`record_engine`) whose processes are all
     gone — what a killed engine left — and drop their records; records of another host, boot or pid namespace,
     unreadable ones, and those of engines still running are left. `wait_s`: how long, in all, to wait for recorded
-    processes to exit (an engine whose rank actor was just killed dies a moment later). Returns the names
-    unlinked."""
+    processes to exit (an engine whose rank actor was just killed dies a moment later). A recorded scratch directory
+    goes too once its owner has exited as well. Returns the names unlinked."""
     removed: list[str] = []
     here = _this_host()
     deadline = time.monotonic() + wait_s
@@ -206,7 +220,13 @@ def sweep_recorded(directory: Path, wait_s: float = 0.0) -> list[str]:
         if wait_gone(pids, max(deadline - time.monotonic(), 0.0)):
             continue  # still running
         removed += unlink_orphans(names, pids, forget=False)  # another process's engine: not our tracker's
-        if not any((SHM_DIR / name).exists() for name in names):
+        scratch = Path(record["scratch"]) if isinstance(record.get("scratch"), str) else None
+        if scratch is not None and not _is_engine_scratch(scratch):
+            scratch = None  # never another directory, whatever a record says
+        owner = record.get("owner")
+        if scratch is not None and isinstance(owner, int) and not _alive(owner):
+            shutil.rmtree(scratch, ignore_errors=True)  # its owner (a killed rank) never got to remove it
+        if not any((SHM_DIR / name).exists() for name in names) and not (scratch is not None and scratch.exists()):
             record_path.unlink(missing_ok=True)
     if removed:
         logger.warning("unlinked %d shared-memory file(s) that killed engines left in %s: %s", len(removed), SHM_DIR,

@@ -11,6 +11,8 @@ must still be gone. The check is restricted to files the engine's own processes 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import nemo_hacpo.rollout.engine as engine_module
@@ -79,14 +81,17 @@ def test_an_engine_whose_actor_was_killed_leaves_queues_that_the_sweep_removes(t
         files, pids = ray.get(holder.files.remote(), timeout=300)
         assert any(name.startswith("psm_") for name in files), files
         assert any(name.startswith("sem.mp-") for name in files), files  # its lock, mapped as `sem.XXXXXX (deleted)`
-        assert set(json.loads((records / "killed.json").read_text())["shm"]) == set(files)
+        record = json.loads((records / "killed.json").read_text())
+        assert set(record["shm"]) == set(files)
+        assert Path(record["scratch"]).is_dir()  # its generation config and tokenizer view, the actor's to remove
         ray.kill(holder)  # SIGKILL: nothing of the engine's teardown runs
-        wait_gone(pids, timeout=60)
+        wait_gone([*pids, record["owner"]], timeout=60)
         left = [name for name in files if (SHM_DIR / name).exists()]
         assert left, "the killed engine unlinked its queues after all: nothing to sweep"
         kept = sorted(engine_shm_files(engine_pids(alive.llm)))
         assert set(left) <= set(sweep_recorded(records))
         assert [name for name in files if (SHM_DIR / name).exists()] == []
+        assert not Path(record["scratch"]).exists()
         assert all((SHM_DIR / name).exists() for name in kept)  # the live engine's queues are untouched
         assert sorted(p.name for p in records.iterdir()) == ["alive.json"]  # the swept record is dropped
     finally:

@@ -9,6 +9,7 @@ import json
 import mmap
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
@@ -174,3 +175,36 @@ def test_the_sweep_waits_for_engine_processes_that_are_still_exiting(shm_file, t
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_sweep_removes_a_killed_engines_scratch_directory_once_its_owner_is_gone_too(tmp_path):
+    """The engine's scratch directory (generation config, tokenizer view) belongs to the process that started it:
+    a killed rank never removes it. The sweep does, once the engine and its owner are gone — not while the owner
+    lives (it removes it itself), and never a directory that is not an engine's scratch."""
+    import tempfile
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    records = tmp_path / "records"
+    scratch = {name: Path(tempfile.mkdtemp(prefix=f"nemo_hacpo_{name}_engine_")) for name in ("killed", "living")}
+    other = tmp_path / "nemo_hacpo_x_engine_y"  # the right name in the wrong place
+    other.mkdir()
+    try:
+        for directory in (*scratch.values(), other):
+            (directory / "generation_config.json").write_text("{}")
+        record_engine(records / "living.json", [gone.pid], [], scratch=scratch["living"])  # owner: this process
+        for name, directory in (("killed", scratch["killed"]), ("other", other)):
+            record_engine(records / f"{name}.json", [gone.pid], [], scratch=directory)
+            (records / f"{name}.json").write_text(json.dumps(
+                {**json.loads((records / f"{name}.json").read_text()), "owner": gone.pid}))
+
+        assert sweep_recorded(records) == []  # no shared memory recorded: only directories
+        assert not scratch["killed"].exists()
+        assert scratch["living"].exists() and other.exists()
+        assert sorted(p.name for p in records.iterdir()) == ["living.json"]  # kept until its owner is gone
+        shutil.rmtree(scratch["living"])  # what the living owner's shutdown does
+        sweep_recorded(records)
+        assert list(records.iterdir()) == []
+    finally:
+        for directory in scratch.values():
+            shutil.rmtree(directory, ignore_errors=True)
