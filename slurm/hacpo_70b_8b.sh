@@ -25,7 +25,7 @@
 # bin/python), HACPO_OUTPUT_DIR (outputs/<config>: resubmitting the job resumes there), HACPO_HEAD_IP (the head
 # node's address the others dial; default: slurm/node_address.py on it, never loopback), RAY_PORT (6379), RAY_NUM_CPUS (default: the CPUs Slurm gave the task),
 # RAY_TEMP_DIR (/tmp/ray-hacpo-<job id> on the head, -<node> appended on the others), RAY_WAIT_S (600), RAY_START_TRIES (3),
-# RAY_AUTH_MODE (token, with a per-job token),
+# RAY_AUTH_MODE (token, with a per-job token), SWEEP_TIMEOUT_S (60: the end-of-job /dev/shm sweep's limit per node),
 # CONTAINER_MOUNTS (extra mounts; the repository, HACPO_OUTPUT_DIR and the folders of HACPO_*_PATH / *_DATA are
 # mounted already). `--config-name X` among the arguments also picks X.
 # Other sizes: override the #SBATCH lines on the command line. What CI runs on one CPU node (tests/integration/
@@ -86,6 +86,7 @@ LOG_DIR=$HACPO_OUTPUT_DIR/logs
 RAY_TEMP_DIR=${RAY_TEMP_DIR:-/tmp/ray-hacpo-$JOB_ID}  # short: Ray's socket paths must fit in 107 bytes
 RAY_WAIT_S=${RAY_WAIT_S:-600}
 RAY_START_TRIES=${RAY_START_TRIES:-3}
+SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-60}  # at the job's end, each node's /dev/shm sweep (see cleanup)
 mkdir -p "$LOG_DIR"
 # Ray ≥ 2.5x: `ray start` turns token auth on by itself when ~/.ray/auth_token exists (any earlier local
 # ray.init() writes one), but a client given an explicit address does not: every connection is then refused
@@ -138,6 +139,7 @@ echo "[hacpo] job $JOB_ID: ${#nodes[@]} node(s), head $head_node ($head_ip), $gp
 
 # ------------------------------------------------------------------------------------------ teardown
 ray_pids=()
+cancelled=0
 any_alive() { local pid; for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
 cleanup() {
     local rc=$?
@@ -163,6 +165,21 @@ cleanup() {
         for pid in "${ray_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     fi
     [[ ${#ray_pids[@]} -gt 0 ]] && echo "[hacpo] ray stopped on ${#nodes[@]} node(s) (job time ${SECONDS} s)"
+    # What engines killed on a node (its processes lost, actors killed after a failure) left there: their message
+    # queues (160–240 MiB each) and semaphores in /dev/shm, their scratch directories. The driver sweeps its own
+    # node and every rank its node before its engine starts, but a node no later run uses would keep them: swept
+    # here on every node, one step each, while the allocation is still the job's. Not after a cancellation (Slurm
+    # refuses new steps then; a later run's ranks sweep what is left), nor where Ray never started.
+    if [[ ${#ray_pids[@]} -gt 0 && $cancelled -eq 0 && -d "$HACPO_OUTPUT_DIR/engines/.shm" ]]; then
+        local node sweepers=()
+        for node in "${nodes[@]}"; do
+            timeout "$SWEEP_TIMEOUT_S" "${srun_one[@]}" -w "$node" --job-name=hacpo-sweep "$PYTHON" \
+                "$REPO_DIR/nemo_hacpo/rollout/engine_processes.py" "$HACPO_OUTPUT_DIR/engines/.shm" \
+                2>>"$LOG_DIR/sweep-$node.log" &
+            sweepers+=($!)
+        done
+        for pid in "${sweepers[@]}"; do wait "$pid" 2>/dev/null || true; done
+    fi
     echo "[hacpo] exit status $rc; outputs in $HACPO_OUTPUT_DIR, logs in $LOG_DIR"
     if [[ $rc -eq $EXIT_PREEMPTED ]]; then
         # `sbatch --requeue` (or JobRequeue=1): Requeue=1 in the job's record
@@ -176,7 +193,7 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
-trap 'echo "[hacpo] cancelled (SIGTERM)"; exit 143' TERM
+trap 'cancelled=1; echo "[hacpo] cancelled (SIGTERM)"; exit 143' TERM
 trap 'echo "[hacpo] interrupted"; exit 130' INT
 
 # ------------------------------------------------------------------------------------------ Ray cluster

@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -232,3 +233,26 @@ def sweep_recorded(directory: Path, wait_s: float = 0.0) -> list[str]:
         logger.warning("unlinked %d shared-memory file(s) that killed engines left in %s: %s", len(removed), SHM_DIR,
                        removed)
     return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python nemo_hacpo/rollout/engine_processes.py <output_dir>/engines/.shm`: the sweep, as the Slurm job runs it
+    on each of its nodes at its end (run by path: standard library only, so it starts in a fraction of a second,
+    inside the container where the engines ran). Prints one line per node where it unlinked something."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Unlink the /dev/shm files that killed engines recorded in a run's "
+                                                 "engines/.shm directory left on this node.")
+    parser.add_argument("records", type=Path, help="<output_dir>/engines/.shm")
+    parser.add_argument("--wait-s", type=float, default=5.0,
+                        help="how long to wait, in all, for recorded engine processes to exit (default 5)")
+    args = parser.parse_args(argv)
+    removed = sweep_recorded(args.records, wait_s=args.wait_s)
+    if removed:
+        print(f"[hacpo] {socket.gethostname()}: unlinked {len(removed)} shared-memory file(s) that killed engines "
+              f"left in {SHM_DIR}: {' '.join(removed)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

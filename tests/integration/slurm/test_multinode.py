@@ -11,9 +11,9 @@ With one Ray CPU per node and one CPU per agent rank, Ray's placement puts one r
   tests/integration/runtime/test_algorithms.py for three agents (tests/helpers/loop_checks.py);
 - node failure: every process of the job on node 2 is SIGKILLed inside step 2; the job ends within a bounded
   time, FAILED, naming the agent and rank that lived there and the last complete checkpoint (step 1); nothing is
-  left on any node; resubmitting the same line resumes from step 1 and finishes, its step 2 equal to the
-  uninterrupted run's (the tolerance of tests/integration/runtime/test_resume_and_failures.py), and the queues the
-  killed engine left in /dev/shm are gone (the new run's rank on that node swept them);
+  left on any node, not even the queues and semaphores the killed engine left in /dev/shm (the job's end swept
+  them on that node); resubmitting the same line resumes from step 1 and finishes, its step 2 equal to the
+  uninterrupted run's (the tolerance of tests/integration/runtime/test_resume_and_failures.py);
 - `scancel` while the agents start: every node's processes are gone.
 """
 
@@ -152,6 +152,10 @@ def test_node_failure_stops_the_job_and_a_resubmission_resumes(cluster, two_node
     killed_at = time.monotonic()
     killed = _kill_node(run.job_id, conf, victim)
     assert any("raylet" in k for k in killed) and any("AgentRank" in k or "ray::" in k for k in killed), killed
+    # the killed node's engine leaves its queues and semaphores in /dev/shm; the driver, on the other node, leaves
+    # them (its sweep judges its own node's processes only); the job's end sweeps every node
+    left = _recorded_shm(out, host=victim)
+    assert any(name.startswith("psm_") for name in left), f"the killed engine recorded no /dev/shm file: {left}"
 
     while final_job_fields(run.job_id, cluster, wait_s=0)["JobState"] in ("PENDING", "RUNNING", "COMPLETING"):
         assert time.monotonic() - killed_at < 300, f"the job still runs 300 s after {victim} died\n{run.report()}"
@@ -164,10 +168,9 @@ def test_node_failure_stops_the_job_and_a_resubmission_resumes(cluster, two_node
     assert "last complete checkpoint: " in driver and "step_000001" in driver.split("last complete checkpoint: ")[-1]
     assert wait_until_gone(run.job_id, conf) == []  # every node, not only the one that died
     print(f"\n{victim} killed ({victim_agent} rank {victim_rank}): the job ended {stopped_s:.0f} s later")
-    # the killed node's engine left its queues in /dev/shm; the driver, on the other node, leaves them (its sweep
-    # judges its own node's processes only), the next run's rank on that node sweeps them before its engine starts
-    left = _recorded_shm(out)
-    assert left, f"the killed engine left no recorded /dev/shm file: {sorted((out / 'engines' / '.shm').glob('*'))}"
+    assert not any((SHM / name).exists() for name in left), [name for name in left if (SHM / name).exists()]
+    swept = [line for line in run.output.read_text().splitlines() if line.startswith(f"[hacpo] {victim}: unlinked ")]
+    assert swept and set(left) <= set(swept[0].split(": ")[-1].split()), (left, swept, tail(run.output))
 
     again = sbatch(cluster, out, nodes=2, ray_cpus=1, overrides=TINY_OVERRIDES, wait=True, tag="again")
     _completed(again, cluster)
@@ -185,11 +188,14 @@ def test_node_failure_stops_the_job_and_a_resubmission_resumes(cluster, two_node
     assert wait_until_gone(again.job_id, conf) == []
 
 
-def _recorded_shm(run_dir: Path) -> list[str]:
-    """The /dev/shm files the run's engines recorded (`engine_processes.record_engine`) that still exist."""
+def _recorded_shm(run_dir: Path, host: str | None = None) -> list[str]:
+    """The /dev/shm files the run's engines (those on `host`, or all) recorded (`engine_processes.record_engine`)
+    that still exist."""
     names = []
-    for record in sorted((run_dir / "engines" / ".shm").glob("*.json")):
-        names += [name for name in json.loads(record.read_text())["shm"] if (SHM / name).exists()]
+    for path in sorted((run_dir / "engines" / ".shm").glob("*.json")):
+        record = json.loads(path.read_text())
+        if host is None or record["host"] == host:
+            names += [name for name in record["shm"] if (SHM / name).exists()]
     return names
 
 

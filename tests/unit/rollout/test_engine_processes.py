@@ -208,3 +208,24 @@ def test_the_sweep_removes_a_killed_engines_scratch_directory_once_its_owner_is_
     finally:
         for directory in scratch.values():
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_the_sweep_run_by_path_as_the_slurm_job_does_names_the_node_and_what_it_unlinked(shm_file, tmp_path):
+    """`slurm/hacpo_70b_8b.sh` runs the module by path on every node at the job's end: standard library only (no
+    package import), one line where it unlinked something, none where there was nothing to do."""
+    import socket
+
+    import nemo_hacpo.rollout.engine_processes as module
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    records = tmp_path / "engines" / ".shm"
+    record_engine(records / "killed.json", [gone.pid], [shm_file.name])
+    command = [sys.executable, "-I", module.__file__, str(records), "--wait-s", "0"]  # -I: not even the repo on path
+    first = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == (f"[hacpo] {socket.gethostname()}: unlinked 1 shared-memory file(s) that killed engines "
+                            f"left in /dev/shm: {shm_file.name}\n")
+    assert not shm_file.exists() and list(records.iterdir()) == []
+    again = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and again.stdout == ""
