@@ -182,6 +182,31 @@ def direction_rows(pair: str) -> list[dict[str, object]]:
     return rows
 
 
+def learning_rows(name: str) -> list[dict[str, object]]:
+    """Does each agent learn? Per run and agent of a study: held-out greedy accuracy at step 0 and at the run's last
+    evaluation, and McNemar's exact test on the same problems (`eval/step_<n>/<agent>__heldout.jsonl`)."""
+    from sample_efficiency import final_correct
+
+    from nemo_hacpo.eval.paired import mcnemar_exact
+
+    results = _results(name)
+    rows = []
+    for run in (results or {}).get("runs", []):
+        run_dir = OUT / name / "runs" / f"{run['algo']}_seed{run['seed']}"
+        for agent, outcome in sorted(run["agents"].items()):
+            last = int(outcome["curve"][-1][0])
+            before, after = dict(final_correct(run_dir, 0, agent)), dict(final_correct(run_dir, last, agent))
+            common = sorted(before.keys() & after.keys())
+            if not common:
+                continue
+            test = mcnemar_exact([before[k] for k in common], [after[k] for k in common])
+            rows.append({"agent": agent, "algo": run["algo"], "seed": run["seed"],
+                         "start": f"{sum(before[k] for k in common) / len(common):.3f}",
+                         f"step {last}": f"{sum(after[k] for k in common) / len(common):.3f}",
+                         "gained / lost": f"{test.gained} / {test.lost}", "McNemar p": f"{test.p_value:.2g}"})
+    return rows
+
+
 def report() -> str:
     from nemo_hacpo.reporting import markdown_table
 
@@ -218,11 +243,15 @@ def report() -> str:
                   "ratio s when trained, and the share of them whose gradient was not zero, split by the sign of "
                   "the advantage (HACPO: inside [lo_u, 1]; naive, naive_onpolicy: the PPO minimum takes the "
                   "unclipped term).", "", markdown_table(directions, list(directions[0])), ""]
-    trio = _results("trio")
-    if trio is not None:
-        rows = [{"agent": row["agent"], "algo": row["algo"], "start": f"{row['start_mean']:.3f}",
-                 "final": f"{row['final_mean']:.3f}"} for row in trio["summary"]]
-        lines += ["## Three agents (seed 0)", "", markdown_table(rows, list(rows[0])), ""]
+    trio = learning_rows("trio")
+    if trio:
+        lines += ["## Three agents (seed 0)", "", "Each agent's held-out greedy accuracy at the start and the end of "
+                  "the run, and McNemar's exact test on the same 500 problems: does it learn?", "",
+                  markdown_table(trio, list(trio[0])), ""]
+        trio_directions = direction_rows("trio")
+        if trio_directions:
+            lines += ["What each learner took from each partner's rows (as above):", "",
+                      markdown_table(trio_directions, list(trio_directions[0])), ""]
         lines += ["![trio](trio/accuracy_vs_rollouts.png)", ""]
     text = "\n".join(lines)
     (OUT / "results.md").write_text(text + "\n")

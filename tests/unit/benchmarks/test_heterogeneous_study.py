@@ -1,0 +1,122 @@
+"""benchmarks/heterogeneous_study.py's report: paired rows, the per-direction means and the trio's learning test,
+by hand on small made-up studies."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+hs = _load("heterogeneous_study")
+
+
+def _run(algo: str, seed: int, finals: dict[str, float], last: int = 30) -> dict:
+    return {"algo": algo, "seed": seed, "steps": last, "updates_per_step": 4, "wall_s": 1.0,
+            "agents": {agent: {"start_accuracy": 0.25, "final_accuracy": value,
+                               "curve": [[0, 0.0, 0.25], [last, 960.0, value]]} for agent, value in finals.items()}}
+
+
+def _write_results(out: Path, name: str, runs: list[dict]) -> None:
+    (out / name).mkdir(parents=True, exist_ok=True)
+    (out / name / "results.json").write_text(json.dumps({"runs": runs, "summary": []}))
+
+
+def _write_eval(run_dir: Path, step: int, agent: str, rewards: list[int]) -> None:
+    folder = run_dir / "eval" / f"step_{step:06d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"id": f"p{i}", "responses": [{"mode": "greedy", "reward": float(r)}]})
+             for i, r in enumerate(rewards)]
+    (folder / f"{agent}__heldout.jsonl").write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def out(tmp_path, monkeypatch):
+    monkeypatch.setattr(hs, "OUT", tmp_path)
+    return tmp_path
+
+
+def test_paired_lines_by_hand(out):
+    # hacpo − naive per seed: 0.1, 0.1, 0.0 → mean 1/15, sample std 0.0577, t = (1/15) / (0.0577 / √3) = 2.0;
+    # 95 % interval with 2 d.f.: ± 4.303 × 0.0333 = ± 0.1434 → [−0.077, +0.210]
+    runs = [_run("hacpo", 0, {"a": 0.6}), _run("hacpo", 1, {"a": 0.7}), _run("hacpo", 2, {"a": 0.5}),
+            _run("naive", 0, {"a": 0.5}), _run("naive", 1, {"a": 0.6}), _run("naive", 2, {"a": 0.5})]
+    rows = hs.paired_lines({"runs": runs}, "habit", [("hacpo", "naive"), ("hacpo", "gspo")], "")
+    assert len(rows) == 1  # no gspo run: no row
+    row = rows[0]
+    assert row["comparison"] == "hacpo − naive" and row["seeds"] == 3 and row["for / against"] == "2 / 0"
+    assert row["t"] == "2.00" and row["95 % interval"] == "[-0.077, +0.210]"
+    assert row["reading"] == "not distinguishable"
+
+
+def test_reading_thresholds():
+    assert hs._reading(2.0) == "not distinguishable"
+    assert hs._reading(-2.5) == "5 % level only"
+    assert hs._reading(4.5) == "holds (Bonferroni)"
+    assert hs._reading(float("nan")) == "one seed"
+
+
+def test_ablation_rows_pair_against_full_hacpo(out):
+    full = {"runs": [_run("hacpo", s, {"a": v}) for s, v in enumerate([0.6, 0.7, 0.8])]}
+    ablated = {"runs": [_run("hacpo", s, {"a": v}) for s, v in enumerate([0.5, 0.7, 0.6])]}
+    (row,) = hs.paired_lines(ablated, "habit", [("hacpo", "hacpo")], " −ω", other=full)
+    # −ω − hacpo per seed: −0.1, 0.0, −0.2 → mean −0.1, std 0.1, t = −0.1 / (0.1 / √3) = −1.73
+    assert row["comparison"] == "hacpo −ω − hacpo" and row["for / against"] == "0 / 2" and row["t"] == "-1.73"
+
+
+def test_direction_rows_average_over_steps_and_seeds(out):
+    for seed, records in ((0, [{"step": 1, "llama/from/qwen/s_p50": 0.9, "llama/from/qwen/grad_frac": 0.5,
+                                "llama/from/qwen/grad_pos_frac": 0.3, "llama/from/qwen/grad_neg_frac": 0.2,
+                                "llama/reward_mean": 0.4}]),
+                          (1, [{"step": 1, "llama/from/qwen/s_p50": 0.7, "llama/from/qwen/grad_frac": 0.1,
+                                "llama/from/qwen/grad_pos_frac": 0.1, "llama/from/qwen/grad_neg_frac": 0.0}])):
+        run_dir = out / "habit" / "runs" / f"naive_seed{seed}"
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    (row,) = hs.direction_rows("habit")
+    assert row["algo"] == "naive" and row["direction"] == "qwen → llama" and row["steps × seeds"] == 2
+    assert row["s p50"] == "0.8" and row["with gradient"] == "0.300"
+    assert row["A > 0 with gradient"] == "0.200" and row["A < 0 with gradient"] == "0.100"
+    assert hs.direction_rows("style") == []  # no runs
+
+
+def test_learning_rows_test_start_against_last_evaluation(out):
+    _write_results(out, "trio", [_run("hacpo", 0, {"gpt": 0.75})])
+    run_dir = out / "trio" / "runs" / "hacpo_seed0"
+    _write_eval(run_dir, 0, "gpt", [1, 0, 0, 0])
+    _write_eval(run_dir, 30, "gpt", [1, 1, 1, 0])
+    (row,) = hs.learning_rows("trio")
+    # gained 2, lost 0: p = 2 × C(2, 0) / 2² = 0.5
+    assert row == {"agent": "gpt", "algo": "hacpo", "seed": 0, "start": "0.250", "step 30": "0.750",
+                   "gained / lost": "2 / 0", "McNemar p": "0.5"}
+    assert hs.learning_rows("missing") == []
+
+
+def test_report_writes_every_section(out):
+    runs = [_run(algo, s, {"llama_tiny": v, "qwen_tiny": 0.8}) for s in range(3)
+            for algo, v in (("hacpo", 0.6 + 0.01 * s), ("naive", 0.55), ("gspo", 0.5), ("gspo_x2", 0.52),
+                            ("naive_onpolicy", 0.58))]
+    _write_results(out, "habit", runs)
+    _write_results(out, "habit_no_omega", [_run("hacpo", s, {"llama_tiny": 0.55, "qwen_tiny": 0.8}) for s in range(3)])
+    _write_results(out, "trio", [_run("gspo", 0, {"gpt_tiny": 0.5})])
+    _write_eval(out / "trio" / "runs" / "gspo_seed0", 0, "gpt_tiny", [0, 0])
+    _write_eval(out / "trio" / "runs" / "gspo_seed0", 30, "gpt_tiny", [1, 0])
+    text = hs.report()
+    assert (out / "results.md").read_text() == text + "\n"
+    assert "| habit | llama_tiny | hacpo − naive | 3 |" in text  # primary
+    assert "| habit | llama_tiny | naive_onpolicy − gspo | 3 |" in text  # secondary
+    assert "| habit | llama_tiny | hacpo −ω − hacpo | 3 | -0.060 ± 0.010 |" in text  # 0.55 − (0.60, 0.61, 0.62)
+    assert "| gpt_tiny | gspo | 0 | 0.000 | 0.500 | 1 / 0 | 1 |" in text
