@@ -18,8 +18,11 @@ each sharing algorithm took from the partner's rows (s, and the share with gradi
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import math
+import operator
+import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -207,6 +210,76 @@ def learning_rows(name: str) -> list[dict[str, object]]:
     return rows
 
 
+_EQUATION = re.compile(r"^\s*([\d\s+\-*/().]+)=\s*(-?[\d.]+)\s*$")
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _arithmetic(expression: str) -> float | None:
+    """The value of a `+ - * /` expression of numbers, None for anything else (or a division by zero)."""
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+            return float(node.value)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+            return _OPERATORS[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -value(node.operand)
+        raise ValueError(ast.dump(node))
+    try:
+        return value(ast.parse(expression.strip(), mode="eval").body)
+    except (SyntaxError, ValueError, ZeroDivisionError):
+        return None
+
+
+def equation_lines(text: str) -> list[tuple[bool, bool]]:
+    """`(narrated, right)` per equation line of a response: narrated when the line before it is a sentence other
+    than the response's first line (the narrated style puts each operation's sentence before its equation; the bare
+    style writes the equations one after the other), right when its arithmetic holds."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    out = []
+    for i, line in enumerate(lines):
+        match = _EQUATION.match(line)
+        if match is None:
+            continue
+        narrated = i > 1 and _EQUATION.match(lines[i - 1]) is None and "boxed" not in lines[i - 1]
+        left = _arithmetic(match.group(1))
+        out.append((narrated, left is not None and abs(left - float(match.group(2))) < 1e-6))
+    return out
+
+
+def style_rows(pair: str) -> list[dict[str, object]]:
+    """Post hoc (not in DESIGN.md): what the agents' greedy held-out answers look like at step 0 and at the last
+    evaluation, pooled over seeds: the share of equation lines narrated and the share whose arithmetic is wrong."""
+    rows = []
+    for run_dirs in _runs_by_algo(pair).values():
+        for agent in sorted({p.name.split("__")[0] for d in run_dirs for p in (d / "eval").glob("step_*/*__heldout.jsonl")}):
+            for label, pick in (("start", min), ("end", max)):
+                equations, answered, right = [], 0, 0
+                for run_dir in run_dirs:
+                    steps = sorted((run_dir / "eval").glob(f"step_*/{agent}__heldout.jsonl"))
+                    if not steps:
+                        continue
+                    for line in pick(steps).read_text(encoding="utf-8").splitlines():
+                        greedy = next(r for r in json.loads(line)["responses"] if r["mode"] == "greedy")
+                        equations += equation_lines(greedy["text"])
+                        answered += 1
+                        right += greedy["reward"] > 0
+                if not answered:
+                    continue
+                rows.append({"pair": pair, "algo": run_dirs[0].name.rsplit("_seed", 1)[0], "agent": agent,
+                             "when": label, "answers": answered, "accuracy": f"{right / answered:.3f}",
+                             "equations per answer": f"{len(equations) / answered:.2f}",
+                             "narrated": f"{sum(n for n, _ in equations) / max(len(equations), 1):.3f}",
+                             "arithmetic wrong": f"{sum(not ok for _, ok in equations) / max(len(equations), 1):.3f}"})
+    return rows
+
+
+def _runs_by_algo(pair: str) -> dict[str, list[Path]]:
+    runs: dict[str, list[Path]] = {}
+    for run_dir in sorted((OUT / pair / "runs").glob("*_seed*")):
+        runs.setdefault(run_dir.name.rsplit("_seed", 1)[0], []).append(run_dir)
+    return runs
+
+
 def report() -> str:
     from nemo_hacpo.reporting import markdown_table
 
@@ -243,6 +316,13 @@ def report() -> str:
                   "ratio s when trained, and the share of them whose gradient was not zero, split by the sign of "
                   "the advantage (HACPO: inside [lo_u, 1]; naive, naive_onpolicy: the PPO minimum takes the "
                   "unclipped term).", "", markdown_table(directions, list(directions[0])), ""]
+    styles = [row for pair in PAIRS for row in style_rows(pair)]
+    if styles:
+        lines += ["## Post hoc (not in DESIGN.md): what the answers look like", "",
+                  "Each agent's greedy held-out answers at step 0 and at the last evaluation, pooled over the seeds: "
+                  "equation lines per answer, the share of them narrated (a sentence of the story right before the "
+                  "equation, as the `style` pair's qwen_tiny was taught), and the share whose arithmetic is wrong.",
+                  "", markdown_table(styles, list(styles[0])), ""]
     trio = learning_rows("trio")
     if trio:
         lines += ["## Three agents (seed 0)", "", "Each agent's held-out greedy accuracy at the start and the end of "

@@ -120,3 +120,30 @@ def test_report_writes_every_section(out):
     assert "| habit | llama_tiny | naive_onpolicy − gspo | 3 |" in text  # secondary
     assert "| habit | llama_tiny | hacpo −ω − hacpo | 3 | -0.060 ± 0.010 |" in text  # 0.55 − (0.60, 0.61, 0.62)
     assert "| gpt_tiny | gspo | 0 | 0.000 | 0.500 | 1 / 0 | 1 |" in text
+
+
+def test_equation_lines_narrated_and_arithmetic():
+    narrated = "Mia starts with 5 beads.\nShe gives away 3.\n5 - 3 = 2\nShe doubles them.\n2 * 2 = 5\nThe answer is \\boxed{5}"
+    assert hs.equation_lines(narrated) == [(True, True), (True, False)]
+    bare = "Mia starts with 5 beads.\n5 - 3 = 2\n2 * 2 = 4\n7 / 0 = 1\nThe answer is \\boxed{4}"
+    # the first equation follows the opening line, the second another equation: neither is narrated
+    assert hs.equation_lines(bare) == [(False, True), (False, True), (False, False)]
+    assert hs.equation_lines("no equation here") == []
+    assert hs._arithmetic("2 + 3 * 4") == 14.0 and hs._arithmetic("__import__('os')") is None
+
+
+def test_style_rows_pool_seeds_at_start_and_end(out):
+    for seed, end_text, end_reward in ((0, "A has 2.\nHe finds 1.\n2 + 1 = 3\nThe answer is \\boxed{3}", 1),
+                                       (1, "A has 2.\n2 + 1 = 4\nThe answer is \\boxed{4}", 0)):
+        run_dir = out / "style" / "runs" / f"naive_seed{seed}"
+        for step, text, reward in ((0, "A has 2.\nHe finds 1.\n2 + 1 = 3\nThe answer is \\boxed{3}", 1),
+                                   (30, end_text, end_reward)):
+            folder = run_dir / "eval" / f"step_{step:06d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "qwen_tiny__heldout.jsonl").write_text(json.dumps(
+                {"id": "p0", "responses": [{"mode": "greedy", "reward": float(reward), "text": text}]}) + "\n")
+    start, end = hs.style_rows("style")
+    assert start == {"pair": "style", "algo": "naive", "agent": "qwen_tiny", "when": "start", "answers": 2,
+                     "accuracy": "1.000", "equations per answer": "1.00", "narrated": "1.000",
+                     "arithmetic wrong": "0.000"}
+    assert (end["when"], end["accuracy"], end["narrated"], end["arithmetic wrong"]) == ("end", "0.500", "0.500", "0.500")
