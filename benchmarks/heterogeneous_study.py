@@ -12,7 +12,9 @@ runs), seed by seed, the studies of a phase alternating within each seed: `bench
 holds the one command that reproduces it whole (all its seeds).
 `report` rebuilds every study's results.md, compares the ablations with hacpo seed by seed, and writes
 `heterogeneous_pairs/results.md`: the primary and secondary comparisons per pair and agent, and per direction what
-each sharing algorithm took from the partner's rows (s, and the share with gradient by the sign of the advantage).
+each sharing algorithm took from the partner's rows (s, and the share with gradient by the sign of the advantage),
+a post-hoc look at the final answers (narrated equations, wrong arithmetic; marked as not in DESIGN.md), and for the
+trio each agent's McNemar test of its answers at step 0 against its last evaluation.
 """
 
 from __future__ import annotations
