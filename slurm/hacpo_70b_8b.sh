@@ -138,33 +138,62 @@ echo "[hacpo] job $JOB_ID: ${#nodes[@]} node(s), head $head_node ($head_ip), $gp
      "$RAY_NUM_CPUS Ray CPU(s) per node, config $CONFIG, outputs $HACPO_OUTPUT_DIR"
 
 # ------------------------------------------------------------------------------------------ teardown
+# After a SIGTERM (scancel, the time limit) Slurm SIGKILLs whatever of the job still runs KillWait seconds later
+# (30 s by default), this script included. The TERM path therefore runs on a budget read from the cluster's
+# KillWait, less a margin: Ray first (its steps got the same SIGTERM from Slurm and stop in seconds; waited for at
+# most half the budget, then SIGKILLed through Slurm), the "ray stopped" line, then the driver (its shutdown
+# bounds itself at 15 s; waited for until the budget ends, then left to Slurm's SIGKILL). Every wait is bounded,
+# so the lines that report the stop come before KillWait whatever the machine's speed.
+KILL_WAIT_S=${KILL_WAIT_S:-$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" {print $3; exit}' || true)}
+[[ "$KILL_WAIT_S" =~ ^[0-9]+$ ]] || KILL_WAIT_S=30  # Slurm's default
+STOP_BUDGET_S=$(( KILL_WAIT_S > 10 ? KILL_WAIT_S - 5 : KILL_WAIT_S / 2 ))
 ray_pids=()
+ray_steps=""  # the Ray steps' ids (`<job>.<step>`), read once the cluster is up: no Slurm query in the TERM path
 cancelled=0
 any_alive() { local pid; for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
+wait_until() {  # deadline (in $SECONDS) pids...: wait until the pids have exited or the deadline passed
+    local deadline=$1
+    shift
+    while any_alive "$@" && (( SECONDS < deadline )); do sleep 0.2; done
+    ! any_alive "$@"
+}
+ray_steps_now() {  # the Ray steps' ids, from squeue (at most 10 s)
+    timeout 10 squeue --steps --jobs "$JOB_ID" -h -o "%i %j" 2>/dev/null | awk '$2 == "hacpo-ray" {print $1}' || true
+}
+stop_ray() {  # deadline: SIGTERM to the Ray steps through Slurm (`ray start --block` then stops the raylet, GCS and
+    # workers it started; a SIGTERM to srun itself would make srun SIGKILL the step); at the deadline, SIGKILL
+    [[ ${#ray_pids[@]} -gt 0 ]] || return 0
+    local deadline=$1 steps=${ray_steps:-$(ray_steps_now)} forced=""
+    # shellcheck disable=SC2086
+    [[ -n "$steps" ]] && timeout 5 scancel --signal=TERM $steps 2>/dev/null || true
+    if ! wait_until "$deadline" "${ray_pids[@]}"; then
+        forced=" (SIGKILLed $(( SECONDS - stop_from )) s after SIGTERM)"
+        # shellcheck disable=SC2086
+        [[ -n "$steps" ]] && timeout 3 scancel --signal=KILL $steps 2>/dev/null || true
+        wait_until $(( SECONDS + 2 )) "${ray_pids[@]}" || for pid in "${ray_pids[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+    fi
+    for pid in "${ray_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    echo "[hacpo] ray stopped on ${#nodes[@]} node(s)$forced (job time ${SECONDS} s)"
+}
 cleanup() {
     local rc=$?
     trap - EXIT TERM INT
-    if [[ -n "$driver_pid" ]] && kill -0 "$driver_pid" 2>/dev/null; then
-        echo "[hacpo] stopping the driver (srun pid $driver_pid)"
-        kill -TERM "$driver_pid" 2>/dev/null || true
-        wait "$driver_pid" 2>/dev/null || true
+    stop_from=$SECONDS
+    if [[ $cancelled -eq 1 ]]; then
+        [[ -n "$driver_pid" ]] && kill -TERM "$driver_pid" 2>/dev/null || true  # as Slurm's own SIGTERM: one stop
+        stop_ray $(( stop_from + STOP_BUDGET_S / 2 ))
+        if [[ -n "$driver_pid" ]] && ! wait_until $(( stop_from + STOP_BUDGET_S )) "$driver_pid"; then
+            echo "[hacpo] the driver still stops after $(( SECONDS - stop_from )) s: Slurm's SIGKILL ends it at KillWait" \
+                 "(${KILL_WAIT_S} s after SIGTERM)"
+        fi
+    else
+        if [[ -n "$driver_pid" ]] && kill -0 "$driver_pid" 2>/dev/null; then
+            echo "[hacpo] stopping the driver (srun pid $driver_pid)"
+            kill -TERM "$driver_pid" 2>/dev/null || true
+            wait "$driver_pid" 2>/dev/null || true
+        fi
+        stop_ray $(( SECONDS + 60 ))
     fi
-    # Ray: SIGTERM to the Ray steps' processes through Slurm (`scancel --signal`), so that `ray start --block`
-    # shuts down the raylet, GCS and workers it started. (A SIGTERM to srun itself would make srun SIGKILL the
-    # step.) Whatever is left after 60 s goes with the step: srun is then told to force it.
-    if [[ ${#ray_pids[@]} -gt 0 ]]; then
-        local steps
-        steps=$(squeue --steps --jobs "$JOB_ID" -h -o "%i %j" 2>/dev/null | awk '$2 == "hacpo-ray" {print $1}' || true)
-        # shellcheck disable=SC2086
-        [[ -n "$steps" ]] && scancel --signal=TERM $steps 2>/dev/null || true
-        for _ in $(seq 60); do
-            any_alive "${ray_pids[@]}" || break
-            sleep 1
-        done
-        for pid in "${ray_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-        for pid in "${ray_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    fi
-    [[ ${#ray_pids[@]} -gt 0 ]] && echo "[hacpo] ray stopped on ${#nodes[@]} node(s) (job time ${SECONDS} s)"
     # What engines killed on a node (its processes lost, actors killed after a failure) left there: their message
     # queues (160–240 MiB each) and semaphores in /dev/shm, their scratch directories. The driver sweeps its own
     # node and every rank its node before its engine starts, but a node no later run uses would keep them: swept
@@ -284,7 +313,8 @@ ray_up() {  # nodes the cluster must have in all, then the nodes to start now
 }
 
 ray_up 1 "$head_node"
-[[ ${#nodes[@]} -gt 1 ]] && ray_up "${#nodes[@]}" "${nodes[@]:1}"
+if [[ ${#nodes[@]} -gt 1 ]]; then ray_up "${#nodes[@]}" "${nodes[@]:1}"; fi
+ray_steps=$(ray_steps_now)
 
 # ------------------------------------------------------------------------------------------ driver
 # The job's end time, for the driver's own stop before it: inside the container there is no squeue or scontrol,

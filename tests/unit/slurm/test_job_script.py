@@ -41,8 +41,11 @@ if "start" in argv and "--block" in argv:
             out.write("Exception: The current node timed out during startup.\n")
         sys.exit(1)
     open(f"{log_path}.up-{node}", "w").close()
-    deadline = time.monotonic() + 30  # until the job's teardown stops the Ray steps (scancel --signal=TERM)
-    while not os.path.exists(f"{log_path}.stopped") and time.monotonic() < deadline:
+    # until the job's teardown stops the Ray steps (scancel --signal=TERM; FAKE_RAY_STUCK=1: a node that ignores
+    # it) or kills them (scancel --signal=KILL)
+    stops = [f"{log_path}.killed"] + ([] if os.environ.get("FAKE_RAY_STUCK") else [f"{log_path}.stopped"])
+    deadline = time.monotonic() + 60
+    while not any(os.path.exists(path) for path in stops) and time.monotonic() < deadline:
         time.sleep(0.02)
 if "-" in argv:  # the wait for the Ray cluster: until that many nodes are up
     want, deadline = int(argv[argv.index("-") + 2]), time.monotonic() + 30
@@ -54,6 +57,8 @@ if "-" in argv:  # the wait for the Ray cluster: until that many nodes are up
 if any(arg.endswith("recipes/train.py") for arg in argv) and os.environ.get("FAKE_DRIVER_PID"):
     import signal  # the driver: runs until SIGUSR1, then "saves" and exits 75 as the real one does
     signal.signal(signal.SIGUSR1, lambda *_: sys.exit(75))
+    if os.environ.get("FAKE_DRIVER_SLOW_STOP"):  # a driver whose shutdown outlasts the job's stop budget
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with open(os.environ["FAKE_DRIVER_PID"], "w") as out:
         out.write(str(os.getpid()))
     time.sleep(60)
@@ -63,6 +68,7 @@ echo "$*" >> "$SRUN_LOG.scontrol"
 case "$1 $2" in
     "show hostnames") printf 'node1\nnode2\n' ;;
     "show job") echo "JobId=4242 JobName=hacpo-70b-8b Requeue=${FAKE_REQUEUE:-0} Restarts=0" ;;
+    "show config") printf 'KillTimeout             = 0 sec\nKillWait                = %s sec\n' "${FAKE_KILL_WAIT:-30}" ;;
 esac
 """
 
@@ -77,7 +83,9 @@ def _job_env(tmp_path: Path, output_dir: bool = True, **env: str) -> dict[str, s
     # prints it)
     (bin_dir / "squeue").write_text('#!/bin/sh\ncase "$*" in *%e*) echo "${FAKE_END-2099-07-01T18:00:00}" ;;\n'
                                     "*) echo '4242.1 hacpo-ray' ;; esac\n")
-    (bin_dir / "scancel").write_text('#!/bin/sh\n[ "$1" = --signal=TERM ] && touch "$SRUN_LOG.stopped"\nexit 0\n')
+    (bin_dir / "scancel").write_text('#!/bin/sh\necho "$*" >> "$SRUN_LOG.scancel"\n'
+                                     '[ "$1" = --signal=TERM ] && touch "$SRUN_LOG.stopped"\n'
+                                     '[ "$1" = --signal=KILL ] && touch "$SRUN_LOG.killed"\nexit 0\n')
     for tool in bin_dir.iterdir():
         tool.chmod(0o755)
     log = tmp_path / "srun.jsonl"
@@ -191,49 +199,66 @@ def test_the_job_asks_for_sigusr1_ahead_of_its_limit_and_keeps_its_output_when_r
     assert "#SBATCH --open-mode=append" in lines  # a requeued run appends to the job's output file
 
 
-def _preempted_job(tmp_path: Path, requeue: str) -> tuple[int, str, list[str]]:
-    """Run the job script until its (fake) driver runs, send the script SIGUSR1 as Slurm does, let it end."""
+def _signalled_job(tmp_path: Path, signum: int, **env: str) -> tuple[int, str, dict[str, str], int]:
+    """Run the job script until its (fake) driver runs, send the script `signum` as Slurm does, let it end; the
+    exit status, the output, the environment and the driver's pid."""
     pid_file = tmp_path / "driver.pid"
-    env = _job_env(tmp_path, FAKE_DRIVER_PID=str(pid_file), FAKE_REQUEUE=requeue)
-    job = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = _job_env(tmp_path, FAKE_DRIVER_PID=str(pid_file), **env)
+    output = tmp_path / "job.out"  # a file, not a pipe: a driver that outlives the script would hold a pipe open
+    with output.open("w") as out:
+        job = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while not pid_file.is_file() or not pid_file.read_text():
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0]
+        assert job.poll() is None and time.monotonic() < deadline, output.read_text()
         time.sleep(0.05)
-    job.send_signal(signal.SIGUSR1)
-    out, _ = job.communicate(timeout=60)
-    return job.returncode, out, Path(env["SRUN_LOG"] + ".scontrol").read_text().splitlines()
+    job.send_signal(signum)
+    job.wait(timeout=120)
+    return job.returncode, output.read_text(), env, int(pid_file.read_text())
 
 
-def test_sigusr1_reaches_the_driver_and_its_early_stop_requeues_a_requeue_job(tmp_path):
-    rc, out, scontrol = _preempted_job(tmp_path / "requeue", requeue="1")
-    assert rc == 75, out
-    assert "SIGUSR1: asking the driver to save a checkpoint" in out and "driver exited with status 75" in out
-    assert "requeueing job 4242" in out and scontrol[-1] == "requeue 4242", (out, scontrol)
-
-    rc, out, scontrol = _preempted_job(tmp_path / "plain", requeue="0")  # submitted without --requeue
-    assert rc == 75 and "resubmit the same command to continue" in out, out
-    assert not any(call.startswith("requeue") for call in scontrol)
+def _preempted_job(tmp_path: Path, requeue: str) -> tuple[int, str, list[str]]:
+    """SIGUSR1 as Slurm sends it ahead of the limit: the exit status, the output, the scontrol calls."""
+    rc, out, env, _ = _signalled_job(tmp_path, signal.SIGUSR1, FAKE_REQUEUE=requeue)
+    return rc, out, Path(env["SRUN_LOG"] + ".scontrol").read_text().splitlines()
 
 
-def test_a_node_whose_ray_start_dies_while_starting_is_started_again(tmp_path):
-    """The head's first start and node2's first two fail (a raylet that missed Ray's 30 s to register): each is
-    started again, what it left running killed first, and the job runs; a node failing RAY_START_TRIES times
-    stops the job before the driver, naming the node and its log."""
-    done, calls = _run_job(tmp_path, FAKE_RAY_FAIL="node1:1,node2:2")
-    assert done.returncode == 0, done.stdout + done.stderr
-    starts = [c["argv"][c["argv"].index("-w") + 1] for c in calls if "start" in c["argv"] and "--block" in c["argv"]]
-    assert starts == ["node1", "node1", "node2", "node2", "node2"]
-    kills = [c["argv"][c["argv"].index("-w") + 1:] for c in calls if "pkill" in c["argv"]]
-    assert kills == [["node1", "pkill", "-KILL", "-f", "--", "/tmp/ray-hacpo-4242/[s]ession_"]] + \
-        [["node2", "pkill", "-KILL", "-f", "--", "/tmp/ray-hacpo-4242-node2/[s]ession_"]] * 2
-    assert "[hacpo] ray on node1 exited while starting (try 1 of 3): Exception: The current node timed out" \
-        in done.stdout
-    assert "ray on node2 exited while starting (try 2 of 3)" in done.stdout
-    assert any(any(a.endswith("recipes/train.py") for a in c["argv"]) for c in calls)
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
-    done, calls = _run_job(tmp_path / "fails", FAKE_RAY_FAIL="node1:1,node2:2", RAY_START_TRIES="2")
-    assert done.returncode != 0
-    assert f"[hacpo] ray did not start on node2: see {tmp_path / 'fails' / 'out' / 'logs' / 'ray-node2.log'}" \
-        in done.stdout
-    assert not any(any(a.endswith("recipes/train.py") for a in c["argv"]) for c in calls)
+
+def test_a_cancelled_job_reports_ray_stopped_first_and_does_not_wait_past_its_budget_for_the_driver(tmp_path):
+    """scancel (SIGTERM) with a driver whose shutdown outlasts the budget: the Ray steps are stopped through Slurm
+    and reported first, and the script ends while the driver still runs (Slurm's SIGKILL at KillWait ends it),
+    so the lines that report the stop are written before KillWait, by construction rather than by speed."""
+    rc, out, env, driver = _signalled_job(tmp_path, signal.SIGTERM, FAKE_DRIVER_SLOW_STOP="1", FAKE_KILL_WAIT="12")
+    try:
+        still_running = _alive(driver)
+    finally:
+        if _alive(driver):
+            os.kill(driver, signal.SIGKILL)
+    assert rc == 143, out
+    assert still_running, out  # the script did not wait for the driver's end
+    lines = out.splitlines()
+    cancelled = lines.index("[hacpo] cancelled (SIGTERM)")
+    ray = next(i for i, line in enumerate(lines) if line.startswith("[hacpo] ray stopped on 2 node(s)"))
+    driver_line = next(i for i, line in enumerate(lines) if line.startswith("[hacpo] the driver still stops after"))
+    assert cancelled < ray < driver_line, out
+    assert "Slurm's SIGKILL ends it at KillWait (12 s after SIGTERM)" in lines[driver_line]
+    assert Path(env["SRUN_LOG"] + ".scancel").read_text().splitlines()[0] == "--signal=TERM 4242.1"
+
+
+def test_a_cancelled_jobs_ray_that_ignores_sigterm_is_killed_within_the_budget(tmp_path):
+    """A Ray node that does not stop on SIGTERM: at half the budget the script SIGKILLs its step through Slurm and
+    still reports Ray stopped, naming the SIGKILL; the driver (which does stop) is waited for."""
+    rc, out, env, driver = _signalled_job(tmp_path, signal.SIGTERM, FAKE_RAY_STUCK="1", FAKE_KILL_WAIT="8")
+    assert rc == 143, out
+    assert not _alive(driver)
+    scancel = Path(env["SRUN_LOG"] + ".scancel").read_text().splitlines()
+    assert scancel == ["--signal=TERM 4242.1", "--signal=KILL 4242.1"], scancel
+    ray = next(line for line in out.splitlines() if line.startswith("[hacpo] ray stopped on 2 node(s)"))
+    assert "(SIGKILLed " in ray and " s after SIGTERM)" in ray, ray
+    assert "the driver still stops" not in out, out
