@@ -98,9 +98,7 @@ def plan_terms(arch, seq: int, micro_batch: int, fused: bool) -> dict[str, float
 
 def measure_shape(name: str, spec: TinyModelSpec, vocab: int, rows_n: int, seq: int, micro_batch: int, steps: int,
                   dry_run: bool, peak_tflops: float | None, attention: str) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from train_step_mfu import make_rows
-
+    from benchmarks.train_step_mfu import make_rows
     from nemo_hacpo.config import (
         AgentConfig,
         AlgoConfig,

@@ -38,9 +38,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_step_mfu as mfu  # noqa: E402  (sibling benchmark: precisions, peak table, rows, table printer)
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import train_step_mfu as mfu  # noqa: E402  (precisions, peak table, rows, table printer)
 from nemo_hacpo.config import (  # noqa: E402
     AgentConfig,
     ModelSource,

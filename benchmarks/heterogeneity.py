@@ -56,8 +56,7 @@ CANDIDATES: dict[str, tuple[str, list[str], str]] = {
 
 def measure_candidate(name: str, out: Path, prompts: int, samples: int, seed: int) -> dict:
     """Warm starts (trained when missing), the cross path at step 0, and each agent's held-out accuracy."""
-    from cross_path import measure
-
+    from benchmarks.cross_path import measure
     from nemo_hacpo.config import load_config
     from nemo_hacpo.runtime.warmstart import ensure_warm_start
 

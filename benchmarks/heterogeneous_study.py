@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from study_stats import format_pm, paired_difference  # noqa: E402  (sibling module)
+sys.path.insert(0, str(ROOT))
+from benchmarks.study_stats import format_pm, paired_difference  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "heterogeneous_pairs"
 HETEROGENEITY = ROOT / "benchmarks" / "results" / "heterogeneity"
@@ -59,7 +59,7 @@ def _compare(pairs: Sequence[tuple[str, str]]) -> str:
 def trio_gpt_overrides() -> list[str]:
     """gpt_tiny's size for the trio: of the two measured (`trio`: 4 × 256, `trio_gpt192`: 4 × 192), the one whose
     warm start answers more held-out problems greedily (DESIGN.md)."""
-    from heterogeneity import CANDIDATES
+    from benchmarks.heterogeneity import CANDIDATES
 
     greedy = {}
     for name in ("trio", "trio_gpt192"):
@@ -190,8 +190,7 @@ def direction_rows(pair: str) -> list[dict[str, object]]:
 def learning_rows(name: str) -> list[dict[str, object]]:
     """Does each agent learn? Per run and agent of a study: held-out greedy accuracy at step 0 and at the run's last
     evaluation, and McNemar's exact test on the same problems (`eval/step_<n>/<agent>__heldout.jsonl`)."""
-    from sample_efficiency import final_correct
-
+    from benchmarks.sample_efficiency import final_correct
     from nemo_hacpo.eval.paired import mcnemar_exact
 
     results = _results(name)

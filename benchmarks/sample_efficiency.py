@@ -41,17 +41,16 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from smollm import SMOLLM_CACHE, SMOLLM_INSTALL, prepare_smollm, smollm_overrides  # noqa: E402  (sibling module)
-
+sys.path.insert(0, str(ROOT))
+from benchmarks.smollm import SMOLLM_CACHE, SMOLLM_INSTALL, prepare_smollm, smollm_overrides  # noqa: E402
 from nemo_hacpo.algo.registry import ALGORITHMS  # noqa: E402
 
 DEFAULT_ALGOS = ("gspo", "gspo_x2", "naive", "hacpo")
 PAIRED = (("hacpo", "gspo_x2"), ("hacpo", "gspo"), ("hacpo", "naive"), ("gspo_x2", "gspo"))
 RUN_RECORD = "study_run.json"
 PRUNED = ("checkpoints", "engines")
-from study_report import finite_or_none, results_markdown, verdict, write_csv, write_plot  # noqa: E402, F401
-from study_stats import mean_std, paired_difference  # noqa: E402  (sibling module: the statistics, by hand)
+from benchmarks.study_report import finite_or_none, results_markdown, verdict, write_csv, write_plot  # noqa: E402, F401
+from benchmarks.study_stats import mean_std, paired_difference  # noqa: E402  (the statistics, by hand)
 
 
 # ------------------------------------------------------------------------------------ one run's metrics

@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from study_stats import format_pm, t_critical_95  # sibling module
+from benchmarks.study_stats import format_pm, t_critical_95
 
 
 def verdict(row: Mapping[str, object]) -> str:

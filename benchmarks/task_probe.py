@@ -31,10 +31,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cross_path import load_agents, sample  # noqa: E402  (sibling module)
+from benchmarks.cross_path import load_agents, sample  # noqa: E402
 
 DIRECT_PREFIX = "The answer is"
 STEP_LINE = re.compile(r"^\s*(\d+)\s*([-+*/])\s*(\d+)\s*=\s*(\d+)\s*$")

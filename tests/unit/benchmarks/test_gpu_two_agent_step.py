@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -10,19 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import gpu_two_agent_step as gpu
+
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "benchmarks" / "gpu_two_agent_step.py"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gpu = _load("gpu_two_agent_step")
 
 
 def test_defaults_and_quick_defaults():

@@ -3,25 +3,14 @@ by hand on small made-up studies."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import heterogeneous_study as hs
+
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-hs = _load("heterogeneous_study")
 
 
 def _run(algo: str, seed: int, finals: dict[str, float], last: int = 30) -> dict:

@@ -6,25 +6,15 @@ import csv
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import sample_efficiency as se
+from benchmarks import smollm
+from benchmarks import study_stats as stats
+
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-se = _load("sample_efficiency")
-smollm = _load("smollm")
-stats = _load("study_stats")
 
 
 def _png_size(path: Path) -> tuple[int, int]:
@@ -289,7 +279,6 @@ def test_smollm_overrides_make_a_valid_hf_agent(tmp_path):
     assert (agent.name, agent.model.source, agent.model.path) == ("smollm2", "hf", str(tmp_path.resolve()))
     assert agent.tokenizer.source == str(tmp_path.resolve())
     assert cfg.agents[1].name == "gpt_tiny"
-
 
 
 # ------------------------------------------------------------------ sample efficiency: threshold, pooled McNemar

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import step_profile as sp
+
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sp = _load("step_profile")
 
 
 def test_abba_schedule():

@@ -3,16 +3,7 @@ the forced openings, by hand (the model-driven part runs in the benchmark itself
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "benchmarks"))  # the script imports its sibling cross_path
-spec = importlib.util.spec_from_file_location("benchmarks_task_probe", ROOT / "benchmarks" / "task_probe.py")
-probe = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = probe
-spec.loader.exec_module(probe)
+from benchmarks import task_probe as probe
 
 WORKED = "Tom starts with 3 apples.\n3 + 4 = 7\n7 * 2 = 14\nThe answer is \\boxed{14}"
 EARLY = "Tom starts with 3 apples.\n3 + 4 = 7\nThe answer is \\boxed{7}"
