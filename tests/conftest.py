@@ -2,9 +2,9 @@
 are shared out and ordered.
 
 Sharing. `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`; `TEST_WORKERS=0`: in one
-process); the scheduler below (`pytest_xdist_make_scheduler`) makes a unit of work of each entry of `UNITS` — each
-Slurm module (one local cluster per module), the modules whose tests read the session's uninterrupted run (made
-once) — and of every other module (its module- and class-scoped fixtures, engines and live runs, start once). A
+process); the scheduler below (`pytest_xdist_make_scheduler`) makes a unit of work of each entry of `UNITS` — the
+Slurm modules (one local cluster and one reference job for both), the modules whose tests read the session's
+uninterrupted run (made once) — and of every other module (its module- and class-scoped fixtures, engines and live runs, start once). A
 unit runs whole on one worker. (xdist's own `xdist_group` mark does not group under pytest 9, whose node ids
 it can no longer rewrite.)
 
@@ -44,13 +44,11 @@ UNITS = {
     "tests/integration/runtime/test_train_loop.py": "uninterrupted",
     "tests/integration/runtime/test_preemption_and_lock.py": "uninterrupted",
     "tests/integration/runtime/test_resume_and_failures.py": "uninterrupted",
-    "tests/integration/slurm/test_multinode.py": "slurm-nodes",
-    "tests/integration/slurm/test_sbatch_job.py": "slurm-one",
+    "tests/integration/slurm/": "slurm",
 }
-"""Path prefix → unit of work for the tests that must share one worker; in this order (the heaviest first: ~1100,
-~650 and ~270 CPU-seconds measured serially), the first handed out. The two Slurm modules are units of their own:
-each runs its own local cluster (the 3-node one in network namespaces, the one-node one on the host, on ports of
-their own), so they may run side by side."""
+"""Path prefix → unit of work for the tests that must share one worker; in this order (the heaviest first), the
+first handed out. The Slurm modules share one local cluster and one uninterrupted job
+(tests/integration/slurm/conftest.py), so they are one unit."""
 UNINTERRUPTED_FIXTURES = ("uninterrupted_tiny_dir", "uninterrupted_tiny_run")
 
 
