@@ -26,6 +26,7 @@
 # node's address the others dial; default: slurm/node_address.py on it, never loopback), RAY_PORT (6379), RAY_NUM_CPUS (default: the CPUs Slurm gave the task),
 # RAY_TEMP_DIR (/tmp/ray-hacpo-<job id> on the head, -<node> appended on the others), RAY_WAIT_S (600), RAY_START_TRIES (3),
 # RAY_AUTH_MODE (token, with a per-job token), SWEEP_TIMEOUT_S (60: the end-of-job /dev/shm sweep's limit per node),
+# KILL_WAIT_S (Slurm's KillWait, from `scontrol show config`: after a SIGTERM the teardown's budget is 5 s less),
 # CONTAINER_MOUNTS (extra mounts; the repository, HACPO_OUTPUT_DIR and the folders of HACPO_*_PATH / *_DATA are
 # mounted already). `--config-name X` among the arguments also picks X.
 # Other sizes: override the #SBATCH lines on the command line. What CI runs on one CPU node (tests/integration/

@@ -4,8 +4,8 @@ are shared out and ordered.
 Sharing. `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`; `TEST_WORKERS=0`: in one
 process); the scheduler below (`pytest_xdist_make_scheduler`) makes a unit of work of each entry of `UNITS` — the
 Slurm modules (one local cluster and one reference job for both), the modules whose tests read the session's
-uninterrupted run (made once) — and of every other module (its module- and class-scoped fixtures, engines and live runs, start once). A
-unit runs whole on one worker. (xdist's own `xdist_group` mark does not group under pytest 9, whose node ids
+uninterrupted run (made once) — and of every other module (its module- and class-scoped fixtures, engines and live
+runs, start once). A unit runs whole on one worker. (xdist's own `xdist_group` mark does not group under pytest 9, whose node ids
 it can no longer rewrite.)
 
 Order. Under xdist the units are handed out heaviest first (the `UNITS`, then the modules with tests marked

@@ -1,5 +1,5 @@
 """What every algorithm's short run through the loop must show (tests/integration/runtime/test_algorithms.py, and
-trio_tiny on three Slurm nodes in tests/integration/slurm/test_multinode.py): the rollout accounting (HACPO generates
+trio_tiny on four Slurm nodes in tests/integration/slurm/test_multinode.py): the rollout accounting (HACPO generates
 G per prompt per agent and trains on n·G; gspo_x2 generates and trains on 2G; isolated algorithms train on their
 own G), the cross rows, the own rows' ratio of 1 at the first update, vLLM = trainer after every refit, and finite
 metrics."""
