@@ -13,7 +13,7 @@ train: setup
 
 # The suite CI runs (.ci/run): everything that runs on a 2-core CPU machine; GPU tests skip without CUDA.
 # TEST_WORKERS=2 (the default): two pytest-xdist workers, a module (or a UNITS entry of tests/conftest.py) per unit
-# of work, the heaviest first; TEST_WORKERS=0: one process (see the README for both times). ARGS="--shuffle=7":
+# of work, the heaviest first; TEST_WORKERS=0: one process (docs/testing.md has both times). ARGS="--shuffle=7":
 # another order.
 TEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder)

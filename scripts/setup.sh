@@ -3,7 +3,7 @@
 # math-verify, the eval data and the dev tools. Idempotent: a second run only checks a stamp (seconds).
 # Every package is installed at the version in requirements/cpu.lock (made by scripts/lock_env.sh), so a fresh
 # machine gets what the README's numbers were measured with; NEMO_HACPO_UNLOCKED=1 resolves afresh (lock_env.sh).
-# GPU clusters use the container instead (Dockerfile; README "On a GPU cluster").
+# GPU clusters use the container instead (Dockerfile; docs/cluster.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -11,7 +11,7 @@ it can no longer rewrite.)
 Order. Under xdist the units are handed out heaviest first (the `UNITS`, then the modules with tests marked
 `slow`), so that the last one to finish is short; in one process the collection order is kept.
 `--shuffle=<seed>` first shuffles the modules and the tests inside each module: the suite must pass in any order
-(the README's second test command).
+(docs/testing.md).
 
 /dev/shm. After the run, the summary lists the vLLM shared-memory files that tests left and no process maps
 (`tests/helpers/shm_watch.py`): none, or each with the test it appeared in.

@@ -427,7 +427,7 @@ class WarmStartConfig:
     direct_answer_fraction: float = 0.0
     """Share of those problems whose solution is written answer-only (`The answer is \\boxed{N}`, no steps): the
     warm-started policy then answers some problems directly and works the others out, and RL can discover which
-    of the two earns more reward (README, "the task")."""
+    of the two earns more reward (docs/quickstart.md, "The task")."""
     stop_early_fraction: float = 0.0
     """Share of the problems with two or more operations whose solution stops after the first operation and gives
     its result as the answer (wrong unless the problem has one operation): the warm-started policy then sometimes

@@ -80,7 +80,7 @@ SLEEP_TAGS = ("weights", "kv_cache")
 ENGINE_EXIT_TIMEOUT_S = 5.0
 """How long `shutdown` lets vLLM's EngineCore tear down and exit by itself before vLLM force-kills it (vLLM's own
 default). Its full teardown takes longer on a busy 2-core machine (5–8 s idle, 15–32 s under load, mostly garbage
-collection at exit) — too long for a stop inside Slurm's KillWait (README, reliability) — so a killed EngineCore's
+collection at exit) — too long for a stop inside Slurm's KillWait (docs/reliability.md) — so a killed EngineCore's
 /dev/shm files are unlinked afterwards (`engine_processes.unlink_orphans`)."""
 
 

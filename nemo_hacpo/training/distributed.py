@@ -1,6 +1,6 @@
 """One agent's torch.distributed world: start it, seed it, tear it down.
 
-Every agent forms its own world (README, "How it works"): the ranks of one agent's trainer call
+Every agent forms its own world (docs/architecture.md): the ranks of one agent's trainer call
 `init_distributed` with that agent's rendezvous address, then build a `MegatronTrainer`, which owns
 Megatron's `parallel_state` for that world. Two agents never share a process.
 """

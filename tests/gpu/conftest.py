@@ -1,6 +1,6 @@
 """Every test under tests/gpu/ needs CUDA; they are skipped on CPU machines and CI.
 
-Two kinds (README, "Tests"): tests that need only torch with CUDA and megatron-core (test_trainer_cuda.py: what a
+Two kinds (docs/testing.md): tests that need only torch with CUDA and megatron-core (test_trainer_cuda.py: what a
 bare GPU machine runs once the megatron-core wheel is installed), and tests marked `needs("transformer_engine")`
 or `needs("vllm")`, skipped on a machine without that package, the skip naming what is missing.
 """

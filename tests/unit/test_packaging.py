@@ -154,12 +154,12 @@ def test_the_smoke_test_imports_the_compiled_extensions_by_name():
 
 
 def test_the_driver_the_cuda_base_needs_is_stated_and_checked_at_start_up():
-    """The CUDA 13.0 base needs driver R580+ (or the forward-compatibility package): the README and the start-up
-    check say the same thing, and the check refuses an older libcuda."""
+    """The CUDA 13.0 base needs driver R580+ (or the forward-compatibility package): the cluster guide (docs/cluster.md)
+    and the start-up check say the same thing, and the check refuses an older libcuda."""
     from nemo_hacpo.planning.cuda_driver import MIN_DRIVER_BRANCH, REQUIRED_CUDA_API, REQUIREMENT
 
     cuda = _args()["TORCH_CUDA"]
     assert REQUIRED_CUDA_API == 1000 * int(cuda.split(".")[0]) + 10 * int(cuda.split(".")[1])
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "cluster.md").read_text()
     assert f"R{MIN_DRIVER_BRANCH}" in readme and "cuda-compat-13-0" in readme
     assert f"R{MIN_DRIVER_BRANCH}" in REQUIREMENT and "cuda-compat-13-0" in REQUIREMENT

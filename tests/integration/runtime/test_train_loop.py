@@ -2,7 +2,7 @@
 
 Tiny and short on purpose (random init, B = 2, G = 2, 16-token responses): this checks that every component
 runs through the real code path, on the session's uninterrupted 3-step run (tests/integration/conftest.py), not
-that the models learn (that is what `python recipes/train.py` shows, see the README). That a resumed run
+that the models learn (that is what `python recipes/train.py` shows, see the README and docs/quickstart.md). That a resumed run
 continues exactly where the run stopped — its prompts, its metrics, no second evaluation at the step it resumes
 from — is checked on the runs that stop: tests/integration/runtime/test_preemption_and_lock.py (SIGUSR1, then a
 rerun) and test_resume_and_failures.py (SIGKILL and a damaged checkpoint).
