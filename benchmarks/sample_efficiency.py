@@ -117,6 +117,24 @@ class RunResult:
     updates_per_step: int
     wall_s: float
     agents: dict[str, AgentOutcome] = field(default_factory=dict)
+    commit: str = ""
+    """The code the run ran on (`code_commit`; "" for runs recorded before it was kept)."""
+
+
+class StudyError(Exception):
+    """An aggregation that would lose results: refused, the study's files left as they are."""
+
+
+def code_commit(repo: Path = ROOT) -> str:
+    """`git rev-parse HEAD` of the repository, `-dirty` appended when tracked files differ from it; "unknown"
+    outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def band(curves: Sequence[Sequence[tuple[int, float, float]]]) -> list[tuple[float, float, float]]:
@@ -339,7 +357,8 @@ def execute(run: PlannedRun, config_name: str, prune: bool = True) -> dict[str, 
     record_path = run_dir / RUN_RECORD
     previous = json.loads(record_path.read_text()) if record_path.is_file() else {}
     command = [sys.executable, str(ROOT / "recipes" / "train.py"), "--config-name", config_name, *run.overrides]
-    record = {**asdict(run), "command": shlex.join(command), "status": "running",
+    commits = [*previous.get("commits", []), code_commit()]  # a resumed run may span commits: each attempt's
+    record = {**asdict(run), "command": shlex.join(command), "status": "running", "commits": commits,
               "wall_s": previous.get("wall_s", 0.0), "attempts": previous.get("attempts", 0) + 1}
     record_path.write_text(json.dumps(record, indent=1))
     start = time.perf_counter()
@@ -369,7 +388,8 @@ def collect(runs: Sequence[PlannedRun]) -> tuple[list[RunResult], list[str]]:
         wall = float(record.get("wall_s", records[-1]["time"] - records[0]["time"]))
         outcomes = {a: agent_outcome(records, a) for a in agents_in(records)}
         outcomes = {a: replace(o, final_correct=final_correct(run.run_dir, o.curve[-1][0], a)) for a, o in outcomes.items()}
-        results.append(RunResult(run.algo, run.seed, run.steps, run.updates_per_step, wall, outcomes))
+        results.append(RunResult(run.algo, run.seed, run.steps, run.updates_per_step, wall, outcomes,
+                                 ",".join(dict.fromkeys(record.get("commits", [])))))
     return results, missing
 
 
@@ -382,6 +402,12 @@ def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     runs = sorted(runs, key=lambda r: (list(algos).index(r.algo) if r.algo in algos else len(algos), r.seed))
     results, missing = collect(runs)
+    written = out / "results.json"
+    kept = len(json.loads(written.read_text(encoding="utf-8")).get("runs", [])) if written.is_file() else 0
+    if len(results) < kept:
+        raise StudyError(f"{written} holds {kept} finished run(s) but {out / 'runs'} has only {len(results)} "
+                         "(the runs are not committed: a fresh clone has none); results.* left as they are — run the "
+                         "study here first, or read the committed results")
     summary = summary_rows(results, algos)
     pairs = [p for p in pairs if p[0] in algos and p[1] in algos]
     paired = paired_rows(results, pairs)
@@ -398,7 +424,8 @@ def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path,
         "command": command, "setup": setup, "summary": summary, "paired": paired, "missing": missing, "bands": bands,
         "threshold": reaching, "pooled_mcnemar": pooled,
         "runs": [{"algo": r.algo, "seed": r.seed, "steps": r.steps, "updates_per_step": r.updates_per_step,
-                  "wall_s": r.wall_s, "agents": {a: asdict(o) for a, o in r.agents.items()}} for r in results],
+                  "wall_s": r.wall_s, "commit": r.commit, "agents": {a: asdict(o) for a, o in r.agents.items()}}
+                 for r in results],
     }), indent=1), encoding="utf-8")
     if agents:
         write_plot(bands, out / "accuracy_vs_rollouts.png")
@@ -502,7 +529,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"    {record['status']} (rc {record['rc']}) in {record['wall_s'] / 60:.1f} min", flush=True)
     recorded = out / "command.txt"
     study_command = recorded.read_text(encoding="utf-8").strip() if recorded.is_file() else command
-    print(aggregate(runs, args.algos, out, study_command, args.threshold, args.compare or PAIRED))
+    try:
+        print(aggregate(runs, args.algos, out, study_command, args.threshold, args.compare or PAIRED))
+    except StudyError as err:
+        print(f"[study] not aggregated: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -136,3 +136,17 @@ def test_style_rows_pool_seeds_at_start_and_end(out):
                      "accuracy": "1.000", "equations per answer": "1.00", "narrated": "1.000",
                      "arithmetic wrong": "0.000"}
     assert (end["when"], end["accuracy"], end["narrated"], end["arithmetic wrong"]) == ("end", "0.500", "0.500", "0.500")
+
+
+def test_report_on_a_clone_without_runs_leaves_every_results_file_as_it_is(out, capsys):
+    """The runs are not committed: `report` on a fresh clone must not rewrite a study's results from nothing (it
+    once wrote results.json with 0 runs) nor drop the sections that read the runs from results.md."""
+    runs = [_run(algo, s, {"llama_tiny": 0.6, "qwen_tiny": 0.8}) for s in range(2) for algo in ("hacpo", "gspo")]
+    _write_results(out, "habit", runs)
+    (out / "habit" / "command.txt").write_text("python benchmarks/sample_efficiency.py --out x\n")
+    (out / "results.md").write_text("the committed report\n")
+    before = {path: path.read_bytes() for path in out.rglob("*") if path.is_file()}
+    assert hs.main(["report"]) == 0
+    assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
+    captured = capsys.readouterr()
+    assert "no runs/ for habit here" in captured.err and "| habit | llama_tiny | hacpo − gspo | 2 |" in captured.out

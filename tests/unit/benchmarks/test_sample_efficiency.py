@@ -339,3 +339,31 @@ def test_final_correct_reads_the_runs_answer_file(tmp_path):
     (folder / "a__heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert se.final_correct(tmp_path, 10, "a") == (("q1", 1), ("q2", 0))
     assert se.final_correct(tmp_path, 20, "a") == ()  # no evaluation kept at that step
+
+
+def test_aggregate_refuses_to_replace_results_with_fewer_runs(tmp_path):
+    """A study folder whose runs/ is gone (a fresh clone: the runs are not committed) keeps its results."""
+    written = tmp_path / "results.json"
+    written.write_text(json.dumps({"runs": [{"algo": "hacpo", "seed": 0}]}))
+    planned = [se.PlannedRun("hacpo", 0, str(tmp_path / "runs" / "hacpo_seed0"), (), 2, 4, 4, 2)]
+    with pytest.raises(se.StudyError, match=r"holds 1 finished run\(s\) but .* has only 0"):
+        se.aggregate(planned, ["hacpo"], tmp_path, "python benchmarks/sample_efficiency.py")
+    assert json.loads(written.read_text()) == {"runs": [{"algo": "hacpo", "seed": 0}]}
+    assert not (tmp_path / "results.md").exists()
+
+
+def test_code_commit_names_the_head_and_uncommitted_changes(tmp_path):
+    import subprocess
+
+    assert se.code_commit(tmp_path) == "unknown"  # not a git checkout
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f.txt").write_text("a\n")
+    subprocess.run([*git, "add", "f.txt"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+    assert se.code_commit(tmp_path) == head
+    (tmp_path / "untracked.txt").write_text("x\n")
+    assert se.code_commit(tmp_path) == head  # untracked files are not the code that ran
+    (tmp_path / "f.txt").write_text("b\n")
+    assert se.code_commit(tmp_path) == f"{head}-dirty"
