@@ -82,6 +82,11 @@ ENGINE_EXIT_TIMEOUT_S = 5.0
 default). Its full teardown takes longer on a busy 2-core machine (5–8 s idle, 15–32 s under load, mostly garbage
 collection at exit) — too long for a stop inside Slurm's KillWait (docs/reliability.md) — so a killed EngineCore's
 /dev/shm files are unlinked afterwards (`engine_processes.unlink_orphans`)."""
+ENGINE_GONE_WAIT_S = 2.0
+"""After vLLM's shutdown, how long `shutdown` waits for the engine's processes to be gone before it unlinks their
+/dev/shm files: a killed process exits within it unless the machine is very busy; the files of one still alive are
+left to the recorded sweep (`engine_processes.sweep_recorded`), so that the shutdown stays inside a SIGTERM stop's
+15 s."""
 
 
 class RolloutEngine:
@@ -403,8 +408,7 @@ class RolloutEngine:
         if core is not None:
             core.shutdown(timeout=ENGINE_EXIT_TIMEOUT_S)
         del llm, core
-        wait_gone(pids, timeout=2.0)  # the workers: gone already unless the EngineCore was killed (then unlink_orphans
-        # leaves the files of a process still alive: the shutdown stays inside a SIGTERM stop's 15 s)
+        wait_gone(pids, timeout=ENGINE_GONE_WAIT_S)  # gone already unless the EngineCore was killed
         removed = unlink_orphans(shm, pids)
         if getattr(self, "_shm_record", None) is not None:  # what is left (still mapped: later), for the sweep
             left = sorted(name for name in shm if (SHM_DIR / name).exists())
