@@ -262,3 +262,37 @@ def test_a_cancelled_jobs_ray_that_ignores_sigterm_is_killed_within_the_budget(t
     ray = next(line for line in out.splitlines() if line.startswith("[hacpo] ray stopped on 2 node(s)"))
     assert "(SIGKILLed " in ray and " s after SIGTERM)" in ray, ray
     assert "the driver still stops" not in out, out
+
+
+def test_sigusr1_reaches_the_driver_and_its_early_stop_requeues_a_requeue_job(tmp_path):
+    rc, out, scontrol = _preempted_job(tmp_path / "requeue", requeue="1")
+    assert rc == 75, out
+    assert "SIGUSR1: asking the driver to save a checkpoint" in out and "driver exited with status 75" in out
+    assert "requeueing job 4242" in out and scontrol[-1] == "requeue 4242", (out, scontrol)
+
+    rc, out, scontrol = _preempted_job(tmp_path / "plain", requeue="0")  # submitted without --requeue
+    assert rc == 75 and "resubmit the same command to continue" in out, out
+    assert not any(call.startswith("requeue") for call in scontrol)
+
+
+def test_a_node_whose_ray_start_dies_while_starting_is_started_again(tmp_path):
+    """The head's first start and node2's first two fail (a raylet that missed Ray's 30 s to register): each is
+    started again, what it left running killed first, and the job runs; a node failing RAY_START_TRIES times
+    stops the job before the driver, naming the node and its log."""
+    done, calls = _run_job(tmp_path, FAKE_RAY_FAIL="node1:1,node2:2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    starts = [c["argv"][c["argv"].index("-w") + 1] for c in calls if "start" in c["argv"] and "--block" in c["argv"]]
+    assert starts == ["node1", "node1", "node2", "node2", "node2"]
+    kills = [c["argv"][c["argv"].index("-w") + 1:] for c in calls if "pkill" in c["argv"]]
+    assert kills == [["node1", "pkill", "-KILL", "-f", "--", "/tmp/ray-hacpo-4242/[s]ession_"]] + \
+        [["node2", "pkill", "-KILL", "-f", "--", "/tmp/ray-hacpo-4242-node2/[s]ession_"]] * 2
+    assert "[hacpo] ray on node1 exited while starting (try 1 of 3): Exception: The current node timed out" \
+        in done.stdout
+    assert "ray on node2 exited while starting (try 2 of 3)" in done.stdout
+    assert any(any(a.endswith("recipes/train.py") for a in c["argv"]) for c in calls)
+
+    done, calls = _run_job(tmp_path / "fails", FAKE_RAY_FAIL="node1:1,node2:2", RAY_START_TRIES="2")
+    assert done.returncode != 0
+    assert f"[hacpo] ray did not start on node2: see {tmp_path / 'fails' / 'out' / 'logs' / 'ray-node2.log'}" \
+        in done.stdout
+    assert not any(any(a.endswith("recipes/train.py") for a in c["argv"]) for c in calls)
