@@ -47,11 +47,12 @@ from tests.integration.slurm.cluster import (
     tail,
     wait_until_gone,
 )
+from tests.integration.slurm.conftest import NODES
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SHM = Path("/dev/shm")
-ADDRESS = {f"node{k}": f"10.77.0.{k}" for k in range(1, 5)}
+ADDRESS = {f"node{k}": f"10.77.0.{k}" for k in range(1, NODES + 1)}
 COMPARED = ("reward_mean", "response_length_mean", "train/loss", "train/policy_loss", "train/grad_norm",
             "train/self_ratio_mean", "capability")
 """As tests/integration/runtime/test_resume_and_failures.py compares a resumed run with an uninterrupted one."""
@@ -210,7 +211,7 @@ def test_four_nodes_trio_with_an_agent_at_dp_2_spanning_two_of_them(cluster, tmp
     overrides += [f"{key}={value}" for key, value in dp_2.items()]
     run = sbatch(cluster, out, nodes=4, ray_cpus=1, overrides=overrides, config="trio_tiny", wait=True, tag="trio")
     _completed(run, cluster)
-    nodes = [f"node{k}" for k in range(1, 5)]
+    nodes = sorted(ADDRESS)
     hosts = _check_addresses(out, nodes)
     assert set(hosts) == {("llama_tiny", 0), ("llama_tiny", 1), ("gpt_tiny", 0), ("qwen_tiny", 0)}
     assert sorted(hosts.values()) == nodes, hosts  # one rank per node: llama_tiny's two on two nodes
