@@ -99,7 +99,7 @@ def sample(model, tokenizer, agent, prompts: list[list[int]], group: int, seed: 
 def measure(cfg, prompts: int, group: int, seed: int) -> dict:
     from nemo_hacpo.algo import hacpo_loss
     from nemo_hacpo.broker import AgentRollout, Broker, LearnerTokenizer, Trajectory
-    from nemo_hacpo.data import problem_to_messages
+    from nemo_hacpo.data.prompts import PromptFormat
     from nemo_hacpo.data.splits import load_split
     from nemo_hacpo.models.chat import render_prompt_ids
     from nemo_hacpo.rewards.scorer import MathRewardScorer
@@ -113,7 +113,7 @@ def measure(cfg, prompts: int, group: int, seed: int) -> dict:
     problems = load_split(cfg.data.train, "train")
     problems = [problems[i] for i in torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed))[
         :prompts].tolist()]
-    messages = [tuple(problem_to_messages(p, system_prompt=cfg.data.system_prompt)) for p in problems]
+    messages = [tuple(PromptFormat.of(cfg.data, "train").messages(p)) for p in problems]
     rollouts, accuracy = {}, {}
     with MathRewardScorer(num_workers=0, strict=cfg.reward.strict) as scorer:
         for name, (model, tok, agent) in agents.items():

@@ -109,7 +109,7 @@ def _rate(values: list[float]) -> float | None:
 
 
 def probe(cfg, problems: int, group: int, seed: int, habit: str) -> dict:
-    from nemo_hacpo.data import problem_to_messages
+    from nemo_hacpo.data.prompts import PromptFormat
     from nemo_hacpo.data.splits import load_split
     from nemo_hacpo.models.chat import render_prompt_ids
     from nemo_hacpo.rewards.scorer import MathRewardScorer
@@ -128,7 +128,7 @@ def probe(cfg, problems: int, group: int, seed: int, habit: str) -> dict:
             return {lv: _rate([v for v, p in zip(values, held_out, strict=True) if p.level == lv]) for lv in levels}
 
         for name, (model, tok, agent) in agents.items():
-            prompts = [render_prompt_ids(problem_to_messages(p, system_prompt=cfg.data.system_prompt), tok,
+            prompts = [render_prompt_ids(PromptFormat.of(cfg.data, "eval").messages(p), tok,
                                          agent.tokenizer.chat_template) for p in held_out]
             row: dict = {}
             texts = greedy(model, tok, prompts, agent.max_response_length)

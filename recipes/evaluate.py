@@ -66,6 +66,7 @@ def _plan(args: argparse.Namespace):
     import torch
 
     from nemo_hacpo.config import load_config
+    from nemo_hacpo.data.prompts import PromptFormat
     from nemo_hacpo.eval import EvalSettings, parse_ks
     from nemo_hacpo.eval.targets import (
         check_prompt_lengths,
@@ -102,14 +103,14 @@ def _plan(args: argparse.Namespace):
 
     heldout = cfg.data.eval if cfg is not None else None
     on_invalid = args.on_invalid or (cfg.data.on_invalid if cfg is not None else "error")
-    system_prompt = cfg.data.system_prompt if cfg is not None else None
+    prompt_format = PromptFormat.of(cfg.data, "eval") if cfg is not None else PromptFormat()
     datasets = [load_dataset(spec, heldout=heldout, fields=fields, limit=args.limit, on_invalid=on_invalid)
                 for spec in (args.dataset or ["heldout"])]
-    datasets = check_prompt_lengths(datasets, targets, system_prompt, on_invalid)
+    datasets = check_prompt_lengths(datasets, targets, prompt_format, on_invalid)
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise ValueError(f"two datasets share a name ({names}); rename a local file")
-    settings = dataclasses.replace(settings, system_prompt=system_prompt)
+    settings = dataclasses.replace(settings, prompt_format=prompt_format)
     out = args.out or (Path(args.run) / "eval" if args.run else DEFAULT_OUT)
     return cfg, targets, datasets, settings, device, out
 

@@ -6,9 +6,10 @@
     python recipes/train.py --describe                        # every config key with its docstring
     python recipes/train.py --config-name pair_large --plan   # GPUs, layout, memory per GPU; refuses a misfit
 
-Exit status: 0 done, 1 a worker failed, 2 a start-up check failed (a config or data error, the output directory
-held by another live run), 75 stopped early with a verified checkpoint (SIGUSR1, runtime.stop_by or the Slurm
-job's end time; the same command continues), 143 stopped by SIGTERM.
+Exit status: 0 done, 1 a worker failed, 2 a start-up check failed (a config or data error, an output directory
+that cannot be written or is held by another live run; nothing is written before these checks), 75 stopped early
+with a verified checkpoint (SIGUSR1, runtime.stop_by or the Slurm job's end time; the same command continues),
+143 stopped by SIGTERM.
 
 Overrides are Hydra's `key=value` (list items by index: `agents.0.optimizer.lr=1e-5`), config groups
 (`algo=gspo_x2`). The recipe composes components; the step loop lives in `nemo_hacpo.runtime`.
@@ -17,6 +18,7 @@ Overrides are Hydra's `key=value` (list items by index: `agents.0.optimizer.lr=1
 from __future__ import annotations
 
 import argparse
+import difflib
 import signal
 import sys
 import threading
@@ -41,13 +43,21 @@ class ComposeError(Exception):
 
 
 def _compose(args: argparse.Namespace):
-    from hydra.errors import HydraException
+    from hydra.errors import HydraException, MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
     try:
         return compose(args.config_name, args.overrides, args.config_dir)
     except FileNotFoundError as err:
         raise ComposeError(f"error: {err}") from err
+    except MissingConfigException as err:  # a config-group option without its file: algo=hacop
+        group, _, option = (err.missing_cfg_file or "").rpartition("/")
+        if not (group and err.options):
+            raise ComposeError(f"error: cannot compose config {args.config_name!r}: {str(err).splitlines()[0]}") from err
+        close = difflib.get_close_matches(option, err.options, n=1)
+        raise ComposeError(f"error: {group}={option}: no option {option!r} in the config group {group} "
+                           f"({args.config_dir or 'conf'}/{group}/*.yaml) — fix: choose one of "
+                           f"{', '.join(err.options)}{f' (did you mean {group}={close[0]}?)' if close else ''}") from err
     except (HydraException, OmegaConfBaseException) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise ComposeError(f"error: cannot compose config {args.config_name!r} with {args.overrides}: {first}\n"

@@ -44,7 +44,7 @@ class Trajectory:
     finish_reason: FinishReason
     """`stop`: ended with the source's EOS; `length`: cut at the source's max response length."""
     reward: float
-    """Verifier reward R(y) ∈ {0, 1}."""
+    """Verifier reward R(y) ∈ {0, 1} (math-verify, or `reward.function`)."""
     source_mean_logprob: float
     """m_j,old(y): mean log-prob of the response under the source's old policy, on the source's tokens."""
     source_num_tokens: int

@@ -8,13 +8,16 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
+import re
+import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from nemo_hacpo.algo.registry import ALGORITHMS
-from nemo_hacpo.config.schema import AgentConfig, HacpoConfig, RuntimeConfig
-from nemo_hacpo.config.typed import ConfigError, ConfigIssue, from_plain
+from nemo_hacpo.config.schema import QUESTION, AgentConfig, HacpoConfig, RuntimeConfig
+from nemo_hacpo.config.typed import ConfigError, ConfigIssue, from_plain, override_key
 
 FP8_PARAM_UNPROVEN = (
     "the weight export to vLLM is unproven with FP8 parameters: Transformer Engine keeps them as quantized tensor "
@@ -239,17 +242,28 @@ def _check_resources(cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
                                "use one node's RAM in GiB (`free -g`), or null to skip the host check"))
     if cluster.device != "cuda":
         return
+    if cluster.gpus_per_node < 1:
+        out.append(ConfigIssue("runtime.cluster.gpus_per_node", f"must be ≥ 1 on cuda, got {cluster.gpus_per_node}",
+                               "set it to the GPUs of one node, e.g. runtime.cluster.gpus_per_node=8"))
+        return
+    # the count is decided by each agent's layout (tp·pp·cp·dp trainer ranks, one GPU each, plus the engine's
+    # tensor_parallel_size when it is not colocated) against num_nodes whole nodes of gpus_per_node
     gpus = cluster.num_nodes * cluster.gpus_per_node
-    need = 0
-    for agent in cfg.agents:
-        need += agent.parallel.world_size
-        if not agent.rollout.colocated:
-            need += agent.rollout.tensor_parallel_size
+    layouts = []
+    for i, agent in enumerate(cfg.agents):
+        par, roll = agent.parallel, agent.rollout
+        engine = "" if roll.colocated else f" + rollout.tensor_parallel_size {roll.tensor_parallel_size}"
+        layouts.append((f"agents[{i}].parallel tp·pp·cp·dp = {par.tp}·{par.pp}·{par.cp}·{par.dp}{engine}",
+                        par.world_size + (0 if roll.colocated else roll.tensor_parallel_size)))
+    need = sum(n for _, n in layouts)
     if need > gpus:
-        out.append(ConfigIssue("runtime.cluster.gpus_per_node",
-                               f"the agents' layouts need {need} GPUs but the cluster has {cluster.num_nodes} × "
+        nodes = -(-need // cluster.gpus_per_node)  # ⌈need / gpus_per_node⌉
+        out.append(ConfigIssue("runtime.cluster.num_nodes",
+                               f"the agents' layouts need {need} GPUs ({'; '.join(f'{text} = {n}' for text, n in layouts)})"
+                               f" but runtime.cluster.num_nodes × gpus_per_node = {cluster.num_nodes} × "
                                f"{cluster.gpus_per_node} = {gpus}",
-                               "add nodes or shrink tp/pp/dp (or colocate the rollout engines)"))
+                               f"set runtime.cluster.num_nodes={nodes}, or shrink an agent's layout "
+                               "(agents.<i>.parallel.tp/pp/dp; agents.<i>.rollout.colocated=true shares the trainer's GPUs)"))
 
 
 def _check_runtime(rt: RuntimeConfig, out: list[ConfigIssue]) -> None:
@@ -282,16 +296,34 @@ def _check_runtime(rt: RuntimeConfig, out: list[ConfigIssue]) -> None:
                                    "pass runtime.wandb_project=<project>"))
 
 
+def _check_prompts(cfg: HacpoConfig, out: list[ConfigIssue]) -> None:
+    """Each data set's prompt template and answer format (the reward function is imported at start-up:
+    `planning.plan.startup_checks`)."""
+    for split in ("train", "eval"):
+        ds = getattr(cfg.data, split)
+        if (count := ds.prompt_template.count(QUESTION)) != 1:
+            out.append(ConfigIssue(f"data.{split}.prompt_template", f"holds {QUESTION} {count} times; it must hold "
+                                   "it exactly once (where the question goes)",
+                                   f"e.g. '{QUESTION}\\nAnswer with the final number in \\boxed{{}}.'"))
+        if ds.answer_format != "plain" and ds.source not in ("jsonl", "parquet"):
+            out.append(ConfigIssue(f"data.{split}.answer_format", f"applies to a jsonl or parquet file, not to "
+                                   f"source '{ds.source}' (which reads its answers itself)", "leave it at plain"))
+    if not 0.0 <= cfg.data.max_invalid_gold_share <= 1.0:
+        out.append(ConfigIssue("data.max_invalid_gold_share", f"must lie in [0, 1], got "
+                               f"{cfg.data.max_invalid_gold_share}", "use e.g. 0.05"))
+
+
 def validate(raw: Any) -> HacpoConfig:
     """Turn a composed config (DictConfig or plain dict) into a `HacpoConfig`, or raise `ConfigError`."""
+    written = None  # the YAML as written, `${oc.env:…}` unresolved: which environment variable a `???` came from
     try:
         from omegaconf import DictConfig, OmegaConf
         if isinstance(raw, DictConfig):
+            written = OmegaConf.to_container(raw, resolve=False)
             raw = OmegaConf.to_container(raw, resolve=True, throw_on_missing=False)
     except ImportError:  # pragma: no cover - hydra is a core dependency
         pass
-    issues: list[ConfigIssue] = []
-    _find_missing(raw, "", issues)
+    issues = _missing_issues(raw, written)
     if issues:
         raise ConfigError(issues)
     cfg = from_plain(HacpoConfig, raw, "", issues)
@@ -314,6 +346,7 @@ def validate(raw: Any) -> HacpoConfig:
         _check_engines(i, agent, cfg, issues)
     _check_resources(cfg, issues)
     _check_runtime(cfg.runtime, issues)
+    _check_prompts(cfg, issues)
     if cfg.warmstart.enabled and (cfg.warmstart.steps < 1 or cfg.warmstart.batch_size < 1 or cfg.warmstart.lr <= 0):
         issues.append(ConfigIssue("warmstart", "steps and batch_size must be ≥ 1 and lr > 0", "fix the warm start"))
     _check_warm_start_shares("warmstart", cfg.warmstart, issues)
@@ -354,14 +387,82 @@ def validate(raw: Any) -> HacpoConfig:
     return cfg
 
 
-def _find_missing(node: Any, key: str, out: list[ConfigIssue]) -> None:
-    """Report OmegaConf's `???` (mandatory value) placeholders, e.g. a checkpoint path left for the user."""
+_ENV_READ = re.compile(r"\$\{oc\.env:([A-Za-z_][A-Za-z0-9_]*)")
+"""An OmegaConf environment read, `${oc.env:NAME}` or `${oc.env:NAME,default}`: group 1 is the variable."""
+
+
+def _find_missing(node: Any, written: Any, key: str) -> list[tuple[str, str | None]]:
+    """(key, environment variable or None) of every OmegaConf `???` (mandatory value) placeholder; `written` is
+    the same node before interpolation, where `${oc.env:NAME,???}` says which variable was not set."""
     if node == "???":
-        env = " (or the environment variable named in the YAML)"
-        out.append(ConfigIssue(key, "mandatory value is not set", f"pass {key}=...{env}"))
-    elif isinstance(node, dict):
-        for k, v in node.items():
-            _find_missing(v, f"{key}.{k}" if key else str(k), out)
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            _find_missing(v, f"{key}[{i}]", out)
+        env = _ENV_READ.search(written) if isinstance(written, str) else None
+        return [(key, env.group(1) if env else None)]
+    if isinstance(node, dict):
+        written = written if isinstance(written, dict) else {}
+        return [found for k, v in node.items()
+                for found in _find_missing(v, written.get(k), f"{key}.{k}" if key else str(k))]
+    if isinstance(node, list):
+        written = written if isinstance(written, list) and len(written) == len(node) else [None] * len(node)
+        return [found for i, v in enumerate(node) for found in _find_missing(v, written[i], f"{key}[{i}]")]
+    return []
+
+
+def _missing_issues(raw: Any, written: Any) -> list[ConfigIssue]:
+    """Mandatory values left unset: one issue per unset environment variable (naming every key the config reads
+    from it: pair_large's checkpoints and data come from `HACPO_*`), one per other key."""
+    by_env: dict[str, list[str]] = {}
+    issues = []
+    for key, env in _find_missing(raw, written, ""):
+        if env is not None:
+            by_env.setdefault(env, []).append(key)
+        else:
+            issues.append(ConfigIssue(key, "mandatory value is not set", f"pass {override_key(key)}=..."))
+    for env, keys in by_env.items():
+        issues.append(ConfigIssue(env, f"environment variable not set; the config reads {', '.join(keys)} from it",
+                                  f"export {env}=... before the command, or pass "
+                                  + " ".join(f"{override_key(key)}=..." for key in keys)))
+    return issues
+
+
+# ------------------------------------------------------------------------------- what a training run touches
+def run_path_issues(cfg: HacpoConfig) -> list[ConfigIssue]:
+    """The files a training run reads and the directory it writes, checked before it creates anything: every
+    jsonl/parquet data file exists, and `runtime.output_dir` is a directory this process can write (or can be made
+    one). Not part of `validate`: `--plan`, `--cfg job` and a finished run's saved config (`load_run_config`) read no
+    data and write no output — a cluster is sized before the data is copied."""
+    issues: list[ConfigIssue] = []
+    for split in ("train", "eval"):
+        ds = getattr(cfg.data, split)
+        if ds.source in ("jsonl", "parquet") and ds.path:
+            resolved = Path(ds.path).expanduser().resolve()  # as `data.loaders.read_records` reads it
+            if not resolved.is_file():
+                what = "a directory" if resolved.is_dir() else "not found"
+                issues.append(ConfigIssue(f"data.{split}.path", f"no {ds.source} file at {resolved} ({what}; given as "
+                                          f"{ds.path!r}, nothing is downloaded)",
+                                          f"point data.{split}.path at a local {ds.source} file"))
+    _check_output_dir(cfg.runtime.output_dir, issues)
+    return issues
+
+
+def _check_output_dir(output_dir: str, out: list[ConfigIssue]) -> None:
+    """`runtime.output_dir` (relative: to the working directory, as the run opens it) exists as a directory, or its
+    nearest existing ancestor is one, and a directory can be made there. Permission bits do not stop root, nor tell
+    a read-only or virtual file system (/sys), so a directory is made there and removed at once."""
+    target = Path(os.path.abspath(output_dir))
+    existing = next(p for p in (target, *target.parents) if os.path.exists(p))  # the root always exists
+    made = "" if existing == target else f" (the run would create {target} inside it)"
+    if not existing.is_dir():
+        out.append(ConfigIssue("runtime.output_dir", f"{existing} is a file, not a directory{made}",
+                               "choose a directory path (it is created when missing), or move the file away"))
+        return
+    if not os.access(existing, os.W_OK | os.X_OK):
+        why = "permission denied"
+    else:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".hacpo-write-check-", dir=existing))
+            return
+        except OSError as err:
+            why = (err.strerror or str(err)).lower()
+    out.append(ConfigIssue("runtime.output_dir", f"{existing} is not writable by this process{made}: {why}",
+                           "choose a directory this process can write (e.g. on the shared file system), or fix "
+                           "its permissions"))

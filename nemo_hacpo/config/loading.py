@@ -61,7 +61,11 @@ def load_run_config(path: str | Path, checks: bool = True) -> HacpoConfig:
 
 def compose(config_name: str = "pair_tiny", overrides: list[str] | tuple[str, ...] = (),
             conf_dir: str | os.PathLike | None = None):
-    """Compose `conf/<config_name>.yaml` with Hydra overrides; returns the raw DictConfig."""
+    """Compose `conf/<config_name>.yaml` with Hydra overrides; returns the raw DictConfig.
+
+    A `conf_dir` of one's own (`--config-dir`) is searched first and the shipped `conf/` after it, so that a config
+    there can name the shipped groups (`algo: hacpo`, `task: arithmetic`) without copying them; a group or config
+    of the same name in `conf_dir` takes precedence."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -70,9 +74,13 @@ def compose(config_name: str = "pair_tiny", overrides: list[str] | tuple[str, ..
     if not (conf_dir / f"{config_name}.yaml").is_file():
         available = sorted(p.stem for p in conf_dir.glob("*.yaml"))
         raise FileNotFoundError(f"no config {config_name!r} in {conf_dir}; available: {available}")
+    overrides = _add_or_override(overrides, conf_dir)
+    if conf_dir != CONF_DIR.resolve() and not any(o.split("=", 1)[0].lstrip("+") == "hydra.searchpath"
+                                                  for o in overrides):
+        overrides.append(f"hydra.searchpath=[{CONF_DIR.resolve().as_uri()}]")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=_add_or_override(overrides, conf_dir))
+        return hydra_compose(config_name=config_name, overrides=overrides)
 
 
 def _add_or_override(overrides, conf_dir: Path) -> list[str]:
@@ -82,11 +90,11 @@ def _add_or_override(overrides, conf_dir: Path) -> list[str]:
     Our schema, not the YAML, decides which keys exist (`validate` rejects unknown ones by name), so plain
     value overrides are passed as `++`. Config-group choices (`algo=gspo`) and explicit `+`/`~` forms are kept.
     """
-    groups = {p.name for p in conf_dir.iterdir() if p.is_dir()}
+    groups = {p.name for directory in (conf_dir, CONF_DIR) for p in directory.iterdir() if p.is_dir()}
     out = []
     for item in overrides:
         key = item.split("=", 1)[0]
-        if "=" not in item or key[:1] in "+~" or key.split("@", 1)[0] in groups:
+        if "=" not in item or key[:1] in "+~" or key.split("@", 1)[0] in groups or key.startswith("hydra."):
             out.append(item)
         else:
             out.append(f"++{item}")

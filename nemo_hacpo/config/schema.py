@@ -10,6 +10,12 @@ from typing import Literal
 
 from nemo_hacpo.algo.registry import Algorithm, algorithm
 
+QUESTION = "{question}"
+"""The placeholder of a prompt template that the question replaces (literally: other braces, as in `\\boxed{}`,
+are text)."""
+DEFAULT_PROMPT_TEMPLATE = "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."
+"""The user message of a prompt unless a data set sets its own `prompt_template` (`{question}`: the question)."""
+
 
 # --------------------------------------------------------------------------------------------- agents
 @dataclass(frozen=True)
@@ -375,6 +381,14 @@ class DatasetConfig:
     """Number ranges of the generated problems (arithmetic)."""
     limit: int | None = None
     """Use at most this many problems (null = all)."""
+    answer_format: Literal["plain", "gsm8k"] = "plain"
+    """How the gold answer field is written (jsonl/parquet): `plain` is the answer itself (`72`, `\\frac{1}{2}`);
+    `gsm8k` is a worked solution whose answer follows its last `####` (`… #### 72`)."""
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+    """The user message of every prompt: `{question}` (exactly once) is replaced by the question. The default asks
+    for the answer in `\\boxed{}`, where the math reward reads it."""
+    system_prompt: str | None = None
+    """System message of this data set's prompts (null: `data.system_prompt`; "": none)."""
 
 
 @dataclass(frozen=True)
@@ -386,18 +400,30 @@ class DataConfig:
     eval: DatasetConfig = field(default_factory=lambda: DatasetConfig(size=200, seed=1))
     """Held-out prompts."""
     system_prompt: str | None = None
-    """Optional system message prepended to every prompt."""
+    """Optional system message prepended to every prompt (a data set's own `system_prompt` replaces it)."""
     shuffle_seed: int = 0
     """Seed of the per-epoch prompt order."""
     on_invalid: Literal["error", "skip"] = "error"
     """A record with a missing or empty question or answer, or a prompt longer than an agent's
     max_prompt_length: `error` stops at start-up naming file and line of each; `skip` drops them (logging how
     many and the first few)."""
+    max_invalid_gold_share: float = 0.05
+    """Gold answers that math-verify cannot read (every answer to them would score 0) are invalid records; above
+    this share of a data set they stop the start-up even with `on_invalid=skip`: a format problem of the whole
+    file (GSM8K-style `… #### 72`: `answer_format=gsm8k`), not a few bad records. Not checked with
+    `reward.function`."""
 
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """Math answer verification."""
+    """How answers are scored: math-verify against the gold answer, or a function of the user's."""
+
+    function: str | None = None
+    """A function of yours that decides whether an answer is correct, instead of math-verify:
+    `f(response: str, gold: str) -> bool`, named `module:function` (importable: on PYTHONPATH) or
+    `path/to/file.py:function`. It runs in the reward processes under `timeout_s`; an exception, a timeout or a
+    value other than True/False/1/0 scores 0 and is logged (nemo_hacpo/rewards/custom.py). `strict` and the
+    start-up check of gold answers (math-verify's) do not apply then."""
 
     strict: bool = True
     """Only the last \\boxed{} answer counts (training default); false = lenient extraction."""

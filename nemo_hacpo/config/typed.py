@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import re
 import textwrap
 import types
 import typing
@@ -54,6 +55,12 @@ def _type_name(tp: Any) -> str:
     if isinstance(tp, type):
         return tp.__name__
     return str(tp).replace("typing.", "")
+
+
+def override_key(key: str) -> str:
+    """How an override spells a key: `agents[0].model.path` → `agents.0.model.path` (Hydra's grammar rejects
+    `agents[0].…=`). Issue keys keep the brackets; a fix that tells the user what to type uses this."""
+    return re.sub(r"\[(\d+)\]", r".\1", key)
 
 
 def _join(key: str, name: str | int) -> str:
@@ -156,7 +163,7 @@ def _dataclass_from_dict(cls: type, data: dict, key: str, issues: list[ConfigIss
             else:
                 kwargs[name] = out
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
-            issues.append(ConfigIssue(sub, "required key is missing", f"set {sub}"))
+            issues.append(ConfigIssue(sub, "required key is missing", f"pass {override_key(sub)}=..."))
             ok = False
     if not ok:
         return _MISSING

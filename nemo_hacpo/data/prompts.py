@@ -6,13 +6,53 @@ them to ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)`` 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_hacpo.config.schema import DEFAULT_PROMPT_TEMPLATE, QUESTION
 from nemo_hacpo.data.problem import MathProblem
 
-DEFAULT_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
-"""Appended to every question; the verifier extracts the last ``\\boxed{...}`` of the response."""
+DEFAULT_INSTRUCTION = DEFAULT_PROMPT_TEMPLATE.split("\n", 1)[1]
+"""Appended to every question by the default template; the verifier extracts the last ``\\boxed{...}``."""
 
 ChatMessage = dict[str, str]
 """``{"role": "system" | "user" | "assistant", "content": str}``."""
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a data set's problems become chat messages: a system message (or none) and the user message's template.
+
+    `PromptFormat.of(cfg.data, "train")` is what training, the warm start and the prompt-length check use;
+    `"eval"` what the held-out evaluation and `recipes/evaluate.py` with a run's config use."""
+
+    template: str = DEFAULT_PROMPT_TEMPLATE
+    system_prompt: str | None = None
+
+    @classmethod
+    def of(cls, data: Any, split: str) -> PromptFormat:
+        """The format of `data.<split>` (a `DataConfig`): its own system prompt, else `data.system_prompt`."""
+        dataset = getattr(data, split)
+        system = dataset.system_prompt if dataset.system_prompt is not None else data.system_prompt
+        return cls(template=dataset.prompt_template, system_prompt=system)
+
+    def user_message(self, question: str) -> str:
+        return self.template.replace(QUESTION, question, 1)
+
+    def messages(self, problem: MathProblem) -> list[ChatMessage]:
+        """`[{"role": "system", ...}?, {"role": "user", "content": template with the question}]`."""
+        messages: list[ChatMessage] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": self.user_message(problem.question)})
+        return messages
+
+    def sft_messages(self, problem: MathProblem) -> list[ChatMessage]:
+        """`messages` plus the worked solution as the assistant turn (supervised warm start); ValueError without
+        a solution."""
+        if not problem.solution:
+            raise ValueError(f"problem {problem.id!r} has no solution to train on")
+        return [*self.messages(problem), {"role": "assistant", "content": problem.solution}]
 
 
 def build_chat_messages(

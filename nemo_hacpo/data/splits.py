@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nemo_hacpo.config import DatasetConfig
 from nemo_hacpo.data.arithmetic import generate_problems
-from nemo_hacpo.data.loaders import load_aime2025, load_gsm8k_test, load_problems
+from nemo_hacpo.data.loaders import extract_gsm8k_answer, load_aime2025, load_gsm8k_test, load_problems
 from nemo_hacpo.data.problem import MathProblem
 from nemo_hacpo.data.validation import Policy
 
@@ -18,6 +18,7 @@ def load_split(ds: DatasetConfig, split: str, on_invalid: Policy = "error") -> l
                                      numbers=ds.numbers)
     elif ds.source in ("jsonl", "parquet"):
         problems = load_problems(ds.path, question_field=ds.question_field, answer_field=ds.answer_field,
+                                 answer_extractor=extract_gsm8k_answer if ds.answer_format == "gsm8k" else None,
                                  file_format="json" if ds.source == "jsonl" else "parquet", on_invalid=on_invalid,
                                  what=f"data.{split}")
     elif ds.source == "gsm8k":

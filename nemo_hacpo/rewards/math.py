@@ -314,6 +314,23 @@ def verify_prepared(prepared: PreparedAnswer, limits: VerifyLimits = DEFAULT_LIM
     return ScoredAnswer.of(RewardReason.CORRECT if is_equal else RewardReason.WRONG, truncated)
 
 
+def gold_problem(gold: object, limits: VerifyLimits = DEFAULT_LIMITS, timeout_s: float | None = 5.0) -> str | None:
+    """Why math-verify cannot use `gold` as a gold answer (every answer checked against it would score 0,
+    `invalid_gold`), or None when it can. Checked at start-up over a whole data set: integers take a fast path,
+    other golds are parsed once (cached for scoring) under `timeout_s` (SIGALRM, main thread)."""
+    prepared = _prepare_gold(gold, limits)
+    if isinstance(prepared, ScoredAnswer):
+        return prepared.detail
+    if _PLAIN_INTEGER_RE.fullmatch(prepared):
+        return None
+    try:
+        with alarm_time_limit(timeout_s):
+            _, error = _parse_gold(prepared, limits.max_number_digits, limits.max_expression_nodes)
+    except (AnswerTimeout, MathVerifyTimeout):
+        return f"parsing it took over {timeout_s} s"
+    return error or None
+
+
 def score_prepared(
     prepared: PreparedAnswer, limits: VerifyLimits = DEFAULT_LIMITS, timeout_s: float | None = 5.0, *,
     delay_s: float = 0.0,

@@ -33,6 +33,7 @@ from enum import Enum
 from multiprocessing.connection import Connection, wait
 
 from nemo_hacpo.config import RewardConfig
+from nemo_hacpo.rewards.custom import CustomAnswer, custom_answer, resolve_reward_function, score_custom
 from nemo_hacpo.rewards.math import (
     DEFAULT_LIMITS,
     PreparedAnswer,
@@ -118,6 +119,19 @@ class _WorkerSettings:
     soft_timeout_s: float
     memory_limit_mb: int | None
     debug_markers: tuple[tuple[str, str], ...] = ()
+    function: str | None = None
+    """`reward.function` (`module:function`): workers import it and score with it instead of math-verify."""
+
+
+Task = PreparedAnswer | CustomAnswer
+"""What a worker scores: an answer for math-verify, or one for the reward function."""
+
+
+def _score_task(task: Task, settings: _WorkerSettings, function, action: str | None) -> ScoredAnswer:
+    """One verdict, under the soft time limit (`function`: the resolved `reward.function`, for `CustomAnswer`s)."""
+    if isinstance(task, CustomAnswer):
+        return score_custom(function, task, settings.soft_timeout_s, delay_s=_debug_delay(action))
+    return score_prepared(task, settings.limits, settings.soft_timeout_s, delay_s=_debug_delay(action))
 
 
 def _limit_address_space(memory_limit_mb: int | None) -> None:
@@ -135,10 +149,11 @@ def _limit_address_space(memory_limit_mb: int | None) -> None:
         pass
 
 
-def _debug_action(settings: _WorkerSettings, prepared: PreparedAnswer) -> str | None:
+def _debug_action(settings: _WorkerSettings, task: Task) -> str | None:
     """The `DEBUG_ACTIONS` entry whose marker the answer holds (tests only), else None."""
+    text = task.response if isinstance(task, CustomAnswer) else task.answer_text
     for marker, action in settings.debug_markers:
-        if marker in prepared.answer_text:
+        if marker in text:
             return action
     return None
 
@@ -149,7 +164,7 @@ def _debug_delay(action: str | None) -> float:
 
 
 def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
-    """Worker loop: receive ``(task_key, PreparedAnswer)``, reply ``(task_key, ScoredAnswer)``; ``None`` stops."""
+    """Worker loop: receive ``(task_key, Task)``, reply ``(task_key, ScoredAnswer)``; ``None`` stops."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when workers stop
     # SIGUSR1 asks the driver to save and stop; Slurm (srun forwarding it) signals the driver's children too,
     # and its default action would kill a worker in the middle of an answer
@@ -157,10 +172,12 @@ def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
     # blocked by the driver while this process started (`_start_worker`): one that came meanwhile is discarded now
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     _limit_address_space(settings.memory_limit_mb)
-    # Warm up sympy's lazy imports so the first real answer is timed like the others.
-    score_prepared(
-        PreparedAnswer("\\frac{1}{2}", "0.5", strict=True), settings.limits, settings.soft_timeout_s
-    )
+    # the config check has imported it once already: a failure here is the worker's (exit, the pool restarts it)
+    function = resolve_reward_function(settings.function) if settings.function else None
+    if function is None:  # warm up sympy's lazy imports so the first real answer is timed like the others
+        score_prepared(
+            PreparedAnswer("\\frac{1}{2}", "0.5", strict=True), settings.limits, settings.soft_timeout_s
+        )
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -177,8 +194,7 @@ def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
                 time.sleep(3600)
         elif action == "crash":
             os._exit(3)
-        conn.send((task_key, score_prepared(prepared, settings.limits, settings.soft_timeout_s,
-                                            delay_s=_debug_delay(action))))
+        conn.send((task_key, _score_task(prepared, settings, function, action)))
 
 
 class _State(Enum):
@@ -198,7 +214,7 @@ class _Worker:
     task_index: int = -1
     task_key: int = -1
     task_truncated: bool = False
-    task: PreparedAnswer | None = None
+    task: Task | None = None
     task_attempt: int = 0
     deadline: float = 0.0
 
@@ -215,6 +231,8 @@ class MathRewardScorer:
         start_method: ``"spawn"`` (default) or ``"forkserver"``; never ``"fork"`` next to Ray/vLLM.
         worker_memory_limit_mb: address-space limit per worker (``None``: unlimited).
         startup_timeout_s: a worker not ready after this long is restarted.
+        function: `module:function` of a reward function of the user's (`nemo_hacpo.rewards.custom`), scored
+            instead of math-verify under the same time limits and guards; None: math-verify.
         _debug_markers: tests only: `{marker: action}` (`DEBUG_ACTIONS`), so that the kill, time-limit and
             crash paths run for real on inputs that are slow or fatal by construction.
 
@@ -240,6 +258,7 @@ class MathRewardScorer:
         start_method: str = "spawn",
         worker_memory_limit_mb: int | None = 2048,
         startup_timeout_s: float = 120.0,
+        function: str | None = None,
         _debug_markers: Mapping[str, str] | None = None,
     ) -> None:
         if num_workers < 0:
@@ -259,8 +278,11 @@ class MathRewardScorer:
         unknown = sorted(set((_debug_markers or {}).values()) - set(DEBUG_ACTIONS))
         if unknown:
             raise ValueError(f"unknown debug actions {unknown}; use {DEBUG_ACTIONS}")
+        self.function = function
+        # resolved here too: an unimportable function fails in the caller, not in every worker
+        self._function = resolve_reward_function(function) if function else None
         self._settings = _WorkerSettings(limits, timeout_s, worker_memory_limit_mb,
-                                         tuple(sorted((_debug_markers or {}).items())))
+                                         tuple(sorted((_debug_markers or {}).items())), function)
         self._context = multiprocessing.get_context(start_method)
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
@@ -270,6 +292,7 @@ class MathRewardScorer:
         self._totals: Counter[str] = Counter()
         self._total_seconds = 0.0
         self._warned_golds: set[str] = set()
+        self._warned_errors: set[str] = set()
         self._warned_no_time_limit = False
         for _ in range(num_workers):
             self._workers.append(self._start_worker())
@@ -279,7 +302,8 @@ class MathRewardScorer:
         """The scorer of a run's `reward` section (workers, time limit, grading mode, response length limit)."""
         settings: dict[str, object] = {
             "num_workers": reward.num_workers, "timeout_s": reward.timeout_s, "strict": reward.strict,
-            "limits": dataclasses.replace(DEFAULT_LIMITS, max_response_chars=reward.max_response_chars)}
+            "limits": dataclasses.replace(DEFAULT_LIMITS, max_response_chars=reward.max_response_chars),
+            "function": reward.function}
         return cls(**{**settings, **overrides})  # type: ignore[arg-type]
 
     # ----------------------------------------------------------------------------------- lifecycle
@@ -399,10 +423,11 @@ class MathRewardScorer:
         started = time.monotonic()
         with self._lock:
             results: list[ScoredAnswer | None] = [None] * len(responses)
-            to_verify: deque[tuple[int, PreparedAnswer, int]] = deque()  # (index, answer, attempt)
+            to_verify: deque[tuple[int, Task, int]] = deque()  # (index, answer, attempt)
             for index, (response, gold) in enumerate(zip(responses, golds, strict=True)):
                 try:
-                    prepared = prepare_answer(response, gold, strict=grading_strict, limits=self.limits)
+                    prepared = (custom_answer(response, gold, self.limits.max_response_chars) if self.function else
+                                prepare_answer(response, gold, strict=grading_strict, limits=self.limits))
                 except Exception as exc:  # noqa: BLE001 - must never raise on content
                     logger.exception("answer preparation failed unexpectedly")
                     prepared = ScoredAnswer.of(RewardReason.ERROR, detail=f"prepare: {type(exc).__name__}")
@@ -420,15 +445,14 @@ class MathRewardScorer:
             self._record(batch, golds)
         return batch
 
-    def _score_in_process(self, to_verify: deque[tuple[int, PreparedAnswer, int]], results: list) -> None:
+    def _score_in_process(self, to_verify: deque[tuple[int, Task, int]], results: list) -> None:
         if threading.current_thread() is not threading.main_thread() and not self._warned_no_time_limit:
             logger.warning("num_workers=0 off the main thread: no time limit can be armed; use workers")
             self._warned_no_time_limit = True
-        for index, prepared, _ in to_verify:
-            results[index] = score_prepared(prepared, self.limits, self.timeout_s,
-                                            delay_s=_debug_delay(_debug_action(self._settings, prepared)))
+        for index, task, _ in to_verify:
+            results[index] = _score_task(task, self._settings, self._function, _debug_action(self._settings, task))
 
-    def _score_in_workers(self, to_verify: deque[tuple[int, PreparedAnswer, int]], results: list) -> None:
+    def _score_in_workers(self, to_verify: deque[tuple[int, Task, int]], results: list) -> None:
         hard_timeout_s = self.timeout_s + self.kill_grace_s
         for worker in list(self._workers):
             # Dead since the last batch, or still busy with a task of a batch that was interrupted
@@ -465,7 +489,7 @@ class MathRewardScorer:
                     self._startup_failed(worker, "not ready in time")
 
     def _dispatch(
-        self, worker: _Worker, to_verify: deque[tuple[int, PreparedAnswer, int]], hard_timeout_s: float
+        self, worker: _Worker, to_verify: deque[tuple[int, Task, int]], hard_timeout_s: float
     ) -> None:
         index, prepared, attempt = to_verify.popleft()
         self._next_task_key += 1
@@ -483,7 +507,7 @@ class MathRewardScorer:
         worker.deadline = time.monotonic() + hard_timeout_s
 
     def _collect(self, worker: _Worker, results: list,
-                 to_verify: deque[tuple[int, PreparedAnswer, int]] | None = None) -> None:
+                 to_verify: deque[tuple[int, Task, int]] | None = None) -> None:
         """Read whatever the worker sent; handle its death (its answer is retried once on another worker)."""
         try:
             while worker.conn.poll():
@@ -532,6 +556,11 @@ class MathRewardScorer:
         self._totals["batches"] += 1
         self._total_seconds += batch.elapsed_s
         for gold, reason, detail in zip(golds, batch.reasons, batch.details, strict=True):
+            if self.function and reason is RewardReason.ERROR and len(self._warned_errors) < 100:
+                key = detail.split(":", 1)[0]  # one line per kind of failure ("reward function raised KeyError")
+                if key not in self._warned_errors:
+                    self._warned_errors.add(key)
+                    logger.warning("%s scored an answer 0: %s", self.function, detail)
             if reason is RewardReason.INVALID_GOLD and len(self._warned_golds) < 100:
                 key = str(gold)[:100]
                 if key not in self._warned_golds:

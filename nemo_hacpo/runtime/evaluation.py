@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from nemo_hacpo.config import HacpoConfig
-from nemo_hacpo.data import MathProblem, problem_to_messages
+from nemo_hacpo.data import MathProblem
+from nemo_hacpo.data.prompts import PromptFormat
 from nemo_hacpo.eval.pass_at_k import default_pass_ks
 from nemo_hacpo.eval.runner import EvalResult, evaluate_responses
 from nemo_hacpo.eval.tables import write_answers
@@ -42,7 +43,8 @@ def evaluate_agents(groups, problems: list[MathProblem], cfg: HacpoConfig, score
     there as `<agent>__heldout.jsonl` (`eval.tables.answer_records`: the greedy and sampled responses, each with
     its reward), so that studies can pair problems across evaluations and seeds."""
     start = time.perf_counter()
-    messages = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
+    prompt_format = PromptFormat.of(cfg.data, "eval")  # the held-out set's own template and system prompt
+    messages = [prompt_format.messages(p) for p in problems]
     n = cfg.runtime.eval_samples
     greedy = {name: group.generate(messages, 1, greedy=True, what="evaluate") for name, group in groups.items()}
     sampled = {name: group.generate(messages, n, seed=call_base_seed(group.seed + EVAL_SEED_OFFSET, step),

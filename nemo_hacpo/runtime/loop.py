@@ -22,10 +22,12 @@ from typing import Any
 from nemo_hacpo.algo import CapabilityTracker
 from nemo_hacpo.broker import AgentRollout, Broker, LearnerTokenizer, write_jsonl
 from nemo_hacpo.config import AlgoConfig, ConfigError, HacpoConfig
-from nemo_hacpo.data import MathProblem, PromptDataset, problem_to_messages
+from nemo_hacpo.data import MathProblem, PromptDataset
+from nemo_hacpo.data.prompts import PromptFormat
 from nemo_hacpo.data.splits import load_split
 from nemo_hacpo.data.validation import apply_policy
 from nemo_hacpo.eval.paired import mcnemar_exact
+from nemo_hacpo.eval.targets import check_golds
 from nemo_hacpo.models.chat import prompt_length_issues
 from nemo_hacpo.planning.plan import startup_checks
 from nemo_hacpo.planning.preflight import check_agents, tokenizer_source
@@ -117,8 +119,7 @@ class HacpoRun:
 
     def __init__(self, cfg: HacpoConfig, stop_signal: StopSignal | None = None):
         self.cfg = cfg
-        self.out_dir = Path(cfg.runtime.output_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir = Path(cfg.runtime.output_dir)  # made by `start()`: a data error here leaves no directory
         self.agents = [a.name for a in cfg.agents]
         check_agents(cfg)  # tokenizers and checkpoints exist and fit each other
         self._learners: dict[str, LearnerTokenizer] | None = None
@@ -150,6 +151,7 @@ class HacpoRun:
         resume checkpoint (verified) and the run record first, before Ray starts or anything is written; then the
         warm start, the worker groups and the broker."""
         cfg = self.cfg
+        self.out_dir.mkdir(parents=True, exist_ok=True)  # the first thing the run writes, once the data has passed
         self._lock = RunLock(self.out_dir, cfg.runtime.lock_stale_s).acquire()  # one run per directory
         sweep_recorded(engine_records(self.out_dir))  # what the engines of a killed earlier run left in /dev/shm
         resume = latest_checkpoint(self.out_dir, hashes=cfg.runtime.checkpoint_hashes) if cfg.runtime.resume else None
@@ -206,12 +208,20 @@ class HacpoRun:
                       f"{rank.rendezvous}{f', engine on {rank.engine_address}' if rank.engine is not None else ''}", flush=True)
         self.broker = self._make_broker(cfg.algo)
 
+    @property
+    def train_format(self) -> PromptFormat:
+        """How training prompts are written (`data.train.prompt_template`, its system prompt)."""
+        return PromptFormat.of(self.cfg.data, "train")
+
     def _checked_prompts(self, problems: list[MathProblem], what: str) -> list[MathProblem]:
-        """`problems` whose prompt fits every agent's max_prompt_length (`data.on_invalid` decides the others)."""
+        """`problems` whose gold answer math-verify reads and whose prompt fits every agent's max_prompt_length
+        (`data.on_invalid` decides the others; too many unreadable golds stop the start-up: `eval.targets.check_golds`)."""
+        data = self.cfg.data
+        problems = check_golds(problems, what, data.on_invalid, self.cfg.reward, data.max_invalid_gold_share)
         learners = self._learner_tokenizers()
         agents = [(a.name, learners[a.name].tokenizer, a.tokenizer.chat_template, a.max_prompt_length)
                   for a in self.cfg.agents]
-        issues = prompt_length_issues(problems, agents, self.cfg.data.system_prompt)
+        issues = prompt_length_issues(problems, agents, PromptFormat.of(self.cfg.data, what.split(".")[1]))
         return apply_policy(problems, issues, self.cfg.data.on_invalid, what)
 
     def _learner_tokenizers(self) -> dict[str, LearnerTokenizer]:
@@ -252,7 +262,7 @@ class HacpoRun:
         timings: dict[str, float] = {}
         tick = time.perf_counter()
         problems = self.train_set.next_batch(algo.batch_size)
-        messages = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
+        messages = [self.train_format.messages(p) for p in problems]
 
         # the step fixes the sampling seeds: a resumed run draws exactly what an uninterrupted one would
         # colocated GPU engines sleep after generating: their GPUs train next, and the refit wakes them

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from nemo_hacpo.config import AgentConfig, ArithmeticNumbers, HacpoConfig, WarmStartConfig
-from nemo_hacpo.data import problem_to_messages
+from nemo_hacpo.config.schema import DEFAULT_PROMPT_TEMPLATE
 from nemo_hacpo.data.arithmetic import derive_seed, direct_answer, generate_problems, narrated, stopped_early
+from nemo_hacpo.data.prompts import PromptFormat
 from nemo_hacpo.models.chat import render_prompt_ids
 from nemo_hacpo.reporting import format_duration
 
@@ -73,9 +74,12 @@ def warm_start_key(agent: AgentConfig, cfg: HacpoConfig) -> str:
     optimizer.pop("checkpoint_format")  # how a checkpoint is written does not shape the weights
     shaping = {"model": dataclasses.asdict(agent.model), "tokenizer": dataclasses.asdict(agent.tokenizer),
                "lengths": [agent.max_prompt_length, agent.max_response_length], "optimizer": optimizer,
-               "warmstart": dataclasses.asdict(agent_warm_start(agent, cfg)), "system_prompt": cfg.data.system_prompt,
+               "warmstart": dataclasses.asdict(agent_warm_start(agent, cfg)),
+               "system_prompt": PromptFormat.of(cfg.data, "train").system_prompt,
                "tokenizer_files": _tokenizer_fingerprint(agent), "init_seed": warm_start_seed(agent, cfg),
                "version": 2}  # 2: one-pass sft objective
+    if (template := cfg.data.train.prompt_template) != DEFAULT_PROMPT_TEMPLATE:  # the default keeps its cached keys
+        shaping["prompt_template"] = template
     levels, numbers = warm_start_task(cfg)
     if (tuple(levels), numbers) != ((1, 2, 3), ArithmeticNumbers()):  # the original task keeps its cached keys
         shaping["task"] = {"levels": list(levels), "numbers": dataclasses.asdict(numbers)}
@@ -184,7 +188,8 @@ def warm_start_corpus(cfg: HacpoConfig, agent: AgentConfig | None = None) -> tup
             return narrated(problem, stop_early=i in early)
         return stopped_early(problem) if i in early else problem.solution
 
-    prompts = [problem_to_messages(p, system_prompt=cfg.data.system_prompt) for p in problems]
+    prompt_format = PromptFormat.of(cfg.data, "train")  # the format RL trains with
+    prompts = [prompt_format.messages(p) for p in problems]
     return prompts, [styled(i, p) for i, p in enumerate(problems)]
 
 

@@ -24,6 +24,7 @@ def write_large_env(tmp_path: Path, monkeypatch) -> Path:
         path.mkdir()
         (path / "config.json").write_text(json.dumps(hf))
         monkeypatch.setenv(name, str(path))
+    (tmp_path / "math.jsonl").write_text('{"problem": "1 + 1?", "answer": "2"}\n')  # the driver checks it exists
     for name in ("HACPO_TRAIN_DATA", "HACPO_EVAL_DATA"):
         monkeypatch.setenv(name, str(tmp_path / "math.jsonl"))
     return tmp_path

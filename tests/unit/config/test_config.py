@@ -164,7 +164,7 @@ def test_missing_required_key():
     del plain["agents"][1]["name"]
     with pytest.raises(ConfigError) as info:
         C.validate(plain)
-    _assert_names(info.value, "agents[1].name", "required")
+    _assert_names(info.value, "agents[1].name", "required", "pass agents.1.name=...")
 
 
 def test_mandatory_placeholder_is_named():
@@ -242,7 +242,8 @@ def test_update_must_split_into_dp_micro_batches():
 def test_layout_needing_more_gpus_than_configured():
     err = _error(["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=2",
                   "agents.0.parallel.tp=2", "agents.1.parallel.dp=2"])
-    _assert_names(err, "runtime.cluster.gpus_per_node", "need 4 GPUs", "2")
+    _assert_names(err, "runtime.cluster.num_nodes", "need 4 GPUs", "agents[0].parallel tp·pp·cp·dp = 2·1·1·1",
+                  "1 × 2 = 2", "runtime.cluster.num_nodes=2")
     ok = load_config("pair_tiny_gpt", ["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=4",
                                    "agents.0.parallel.tp=2", "agents.1.parallel.dp=2"])
     assert sum(a.parallel.world_size for a in ok.agents) == 4
@@ -251,7 +252,8 @@ def test_layout_needing_more_gpus_than_configured():
 def test_separate_rollout_gpus_count():
     err = _error(["runtime.cluster.device=cuda", "runtime.cluster.gpus_per_node=2",
                   "agents.0.rollout.colocated=false"])
-    _assert_names(err, "runtime.cluster.gpus_per_node", "need 3 GPUs")
+    _assert_names(err, "runtime.cluster.num_nodes", "need 3 GPUs", "+ rollout.tensor_parallel_size 1")
+    _assert_names(_error(["runtime.cluster.device=cuda"]), "runtime.cluster.gpus_per_node", "≥ 1 on cuda, got 0")
 
 
 def test_context_parallel_rejected_until_supported():
