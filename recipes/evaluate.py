@@ -10,14 +10,19 @@ Datasets (repeatable): `heldout` (the run's / config's data.eval split), `gsm8k`
 or a local .jsonl/.json/.parquet file whose columns `--field KEY=COLUMN` maps (keys: question, answer, id,
 level, solution). Output in --out (default <run>/eval, else outputs/eval): results.md, results.csv,
 results.json (one row per agent × dataset) and answers/<agent>__<dataset>.jsonl. One engine runs at a time.
+The console shows the plan, one line per agent × dataset and the table; everything vLLM and the other libraries
+print goes to <out>/logs/evaluate.log (`--verbose`: to the console too, as it comes).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
+import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 DEFAULT_OUT = Path("outputs/eval")
@@ -58,17 +63,92 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                                             "else strict: last \\boxed{} only)")
     gen.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda when available")
     parser.add_argument("--out", type=Path, help="output directory (default: <run>/eval, else outputs/eval)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print what vLLM and the other libraries log on the console too (default: only to "
+                             "<out>/logs/evaluate.log)")
     return parser.parse_args(argv)
+
+
+def _out_dir(args: argparse.Namespace) -> Path:
+    return args.out or (Path(args.run) / "eval" if args.run else DEFAULT_OUT)
+
+
+@contextlib.contextmanager
+def third_party_output_to(log_file: Path | None) -> Iterator[None]:
+    """Inside: file descriptors 1 and 2 (vLLM's engine processes, C++ libraries) and every log record go to
+    `log_file`, appending, while this script's own prints and `nemo_hacpo`'s log records stay on the console, as
+    in a training run (`runtime.rank_process.redirect_output`). None: everything on the console."""
+    fmt = logging.Formatter("%(asctime)s %(name)s: %(message)s")
+    if log_file is None:
+        yield
+        return
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    streams = sys.stdout, sys.stderr
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    for target in (1, 2):
+        os.dup2(fd, target)
+    os.close(fd)
+    # print() goes on to the console: a new stream on the console's descriptor (unless a caller replaced the
+    # streams, e.g. pytest's capsys, whose objects do not write to fd 1/2)
+    if sys.stdout is sys.__stdout__:
+        sys.stdout = os.fdopen(os.dup(saved[1]), "w", buffering=1)
+    if sys.stderr is sys.__stderr__:
+        sys.stderr = os.fdopen(os.dup(saved[2]), "w", buffering=1)
+    log_stream = open(log_file, "a", buffering=1)  # noqa: SIM115 - closed in the finally below
+    root, ours = logging.getLogger(), logging.getLogger("nemo_hacpo")
+    to_file, to_console = logging.StreamHandler(log_stream), logging.StreamHandler(sys.stderr)
+    to_file.setFormatter(fmt)
+    to_console.setFormatter(fmt)
+    previous = root.level, root.handlers[:], ours.level
+    # vLLM logs through a handler of its own, (re)made when an engine is configured on the stream that
+    # VLLM_LOGGING_STREAM names: the process's original stdout, now the log; one made earlier is pointed there too
+    previous_stream = os.environ.get("VLLM_LOGGING_STREAM")
+    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.__stdout__"
+    vllm_handlers = [(h, h.stream) for h in logging.getLogger("vllm").handlers if isinstance(h, logging.StreamHandler)]
+    root.handlers[:] = [to_file]
+    root.setLevel(logging.INFO)
+    ours.setLevel(logging.INFO)
+    ours.addHandler(to_console)
+    for handler, _ in vllm_handlers:
+        handler.setStream(log_stream)
+    try:
+        yield
+    finally:
+        for handler, stream in vllm_handlers:
+            handler.setStream(stream)
+        if previous_stream is None:
+            os.environ.pop("VLLM_LOGGING_STREAM", None)
+        else:
+            os.environ["VLLM_LOGGING_STREAM"] = previous_stream
+        ours.removeHandler(to_console)
+        root.handlers[:] = previous[1]
+        root.setLevel(previous[0])
+        ours.setLevel(previous[2])
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        if sys.stdout is not streams[0]:
+            sys.stdout.close()
+        if sys.stderr is not streams[1]:
+            sys.stderr.close()
+        sys.stdout, sys.stderr = streams
+        for target, fd in saved.items():
+            os.dup2(fd, target)
+            os.close(fd)
+        log_stream.close()
 
 
 def _plan(args: argparse.Namespace):
     """(config or None, agent targets, dataset targets, EvalSettings, device, output dir) from the arguments."""
     import torch
 
-    from nemo_hacpo.config import load_config
+    from nemo_hacpo.config import DataConfig, RewardConfig, load_config
     from nemo_hacpo.data.prompts import PromptFormat
     from nemo_hacpo.eval import EvalSettings, parse_ks
     from nemo_hacpo.eval.targets import (
+        check_golds,
         check_prompt_lengths,
         load_dataset,
         model_targets,
@@ -106,27 +186,39 @@ def _plan(args: argparse.Namespace):
     prompt_format = PromptFormat.of(cfg.data, "eval") if cfg is not None else PromptFormat()
     datasets = [load_dataset(spec, heldout=heldout, fields=fields, limit=args.limit, on_invalid=on_invalid)
                 for spec in (args.dataset or ["heldout"])]
+    reward = cfg.reward if cfg is not None else RewardConfig()  # math-verify reads the golds: check them first
+    max_share = cfg.data.max_invalid_gold_share if cfg is not None else DataConfig.max_invalid_gold_share
+    datasets = [dataclasses.replace(d, problems=check_golds(d.problems, f"dataset {d.name}", on_invalid, reward,
+                                                            max_share)) for d in datasets]
     datasets = check_prompt_lengths(datasets, targets, prompt_format, on_invalid)
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise ValueError(f"two datasets share a name ({names}); rename a local file")
     settings = dataclasses.replace(settings, prompt_format=prompt_format)
-    out = args.out or (Path(args.run) / "eval" if args.run else DEFAULT_OUT)
-    return cfg, targets, datasets, settings, device, out
+    return cfg, targets, datasets, settings, device, _out_dir(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from nemo_hacpo.config import ConfigError
 
-    try:
-        cfg, targets, datasets, settings, device, out = _plan(args)
+    try:  # every check before anything is written (the log included)
+        planned = _plan(args)
     except (FileNotFoundError, ValueError, KeyError, ConfigError, ModuleNotFoundError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"error: {message}", file=sys.stderr)
         return 2
+    log_file = None if args.verbose else planned[-1] / "logs" / "evaluate.log"
+    with third_party_output_to(log_file):
+        status = _evaluate(args, *planned)
+    if log_file is not None and status != 0:
+        print(f"(what the libraries printed: {log_file})", file=sys.stderr)
+    return status
 
+
+def _evaluate(args: argparse.Namespace, cfg, targets, datasets, settings, device, out: Path) -> int:
     from nemo_hacpo.eval import evaluate_checkpoints, write_results
     from nemo_hacpo.eval.runner import CheckpointLoadError
     from nemo_hacpo.eval.tables import progress_line

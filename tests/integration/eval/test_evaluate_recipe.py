@@ -74,14 +74,22 @@ def test_evaluate_a_finished_run(tmp_path, capsys):
     assert recipe.main(args) == 2
     err = capsys.readouterr().err
     assert f"{local}:3: prompt too long in tokens (llama_tiny: " in err and "data.on_invalid=skip" in err
+    assert not (run / "eval").exists()  # refused before anything was written, its log included
     status = recipe.main([*args, "--on-invalid", "skip"])  # dropped for every agent instead
     assert status == 0
-    stdout = capsys.readouterr().out
+    console = capsys.readouterr()
+    stdout = console.out
     assert "llama_tiny on heldout | 4 problems in" in stdout and "llama_tiny on sevens | 2 problems in" in stdout
     assert "problems/s" in stdout
 
     out = run / "eval"
-    assert sorted(p.name for p in out.iterdir()) == ["answers", "results.csv", "results.json", "results.md"]
+    assert sorted(p.name for p in out.iterdir()) == ["answers", "logs", "results.csv", "results.json", "results.md"]
+    # vLLM's chatter went to the log, not to the console: only our lines (the plan, progress, table, outputs) and
+    # nemo_hacpo's own log records are there
+    log = (out / "logs" / "evaluate.log").read_text()
+    assert "vllm" in log.lower()
+    noise = [line for line in (console.out + console.err).splitlines() if "vllm" in line.lower()]
+    assert noise == [], noise[:5]
     rows = _read_csv(out / "results.csv")
     assert sorted(rows) == ["heldout", "sevens"]
     sevens, heldout = rows["sevens"], rows["heldout"]
@@ -132,7 +140,10 @@ def test_a_checkpoint_whose_weights_do_not_match_its_config_is_named(tmp_path, c
     weights[name] = weights[name][:, :64].contiguous()  # hidden size 64 where config.json says 128
     save_file(weights, weights_file)
     assert recipe.main(["--run", str(run), "--limit", "2", "--device", "cpu"]) == 1
-    # vLLM logs its own failure above; what the recipe says last is one line naming agent and checkpoint
-    last = [line for line in capsys.readouterr().err.splitlines() if line.strip()][-1]
-    assert last.startswith(f"error: llama_tiny: the checkpoint at {run / 'hf' / 'llama_tiny'} does not start in vLLM")
-    assert last.endswith("do its weights match its config.json?")
+    # vLLM logs its own failure to the log; the console says what failed in one line naming agent and checkpoint,
+    # then where the libraries' output is
+    *_, error, pointer = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert error.startswith(f"error: llama_tiny: the checkpoint at {run / 'hf' / 'llama_tiny'} does not start in vLLM")
+    assert error.endswith("do its weights match its config.json?")
+    log = run / "eval" / "logs" / "evaluate.log"
+    assert pointer == f"(what the libraries printed: {log})" and "Traceback" in log.read_text()
