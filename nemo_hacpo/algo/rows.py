@@ -32,6 +32,7 @@ import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -110,6 +111,18 @@ class TrainingRows:
             setattr(new, name, value)
         new._check_tensors()
         return new
+
+    def select(self, order: Sequence[int] | torch.Tensor) -> TrainingRows:
+        """The rows at `order` (a permutation reorders them, a subset keeps those), every per-row field alike."""
+        index = torch.as_tensor(order, dtype=torch.long)
+        picked = index.tolist()
+        changes: dict[str, Any] = {"token_ids": [self.token_ids[i] for i in picked],
+                                   "response_mask": [self.response_mask[i] for i in picked]}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name not in changes and isinstance(value, torch.Tensor):
+                changes[f.name] = value[index]
+        return dataclasses.replace(self, **changes)
 
     @classmethod
     def supervised(cls, token_ids: list[list[int]], response_mask: list[list[int]]) -> TrainingRows:

@@ -13,6 +13,7 @@ rows get the cross objective, else the own-row one). The ablation switches arriv
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -166,13 +167,18 @@ class Broker:
         pool: worker processes for re-encoding (in-process by default).
         ratio_length: the cross ratio's length convention (`AlgoConfig.ratio_length`): under `single_exponent`
             each cross row's `ratio_length_scale` is L_learner / L_source.
+        row_order: `AlgoConfig.row_order`: `own_first`, `by_prompt` or `shuffled` (`order_rows`).
+        seed: the run's seed, which with the step and the learner draws a `shuffled` order.
     """
 
     def __init__(self, agents: Sequence[str], tokenizers: Mapping[str, LearnerTokenizer], *, algorithm: Algorithm,
                  tracker: CapabilityTracker | None = None, adv_eps: float = 1e-6, pool: ReencodePool | None = None,
-                 ratio_length: str = "per_tokenizer"):
+                 ratio_length: str = "per_tokenizer", row_order: str = "own_first", seed: int = 0):
         if ratio_length not in RATIO_LENGTHS:
             raise ValueError(f"ratio_length must be one of {RATIO_LENGTHS}, got {ratio_length!r}")
+        if row_order not in ROW_ORDERS:
+            raise ValueError(f"row_order must be one of {ROW_ORDERS}, got {row_order!r}")
+        self.row_order, self.seed = row_order, seed
         self.ratio_length = ratio_length
         self.agents = tuple(agents)
         if len(set(self.agents)) != len(self.agents):
@@ -191,7 +197,8 @@ class Broker:
         self.adv_eps = adv_eps
         self.pool = pool or ReencodePool(0)
 
-    def step(self, rollouts: Mapping[str, Sequence[AgentRollout]]) -> BrokerStep:
+    def step(self, rollouts: Mapping[str, Sequence[AgentRollout]], step_number: int = 0) -> BrokerStep:
+        """Every learner's rows of one step (`step_number` draws a `shuffled` row order; the loop passes its step)."""
         agents = self.agents
         prompt_ids, group_size, table = _group(rollouts, agents)
         batch = len(prompt_ids)
@@ -205,8 +212,10 @@ class Broker:
         step = BrokerStep(rows={}, accuracy=accuracy, capability={a: self.tracker.capability(a) for a in agents},
                           omega=omega, generated={a: batch * group_size for a in agents})
         for k, learner in enumerate(agents):
-            rows, counts, failures = self._rows(learner, k, prompt_ids, group_size, table, rewards, omega[learner])
-            step.rows[learner], step.counts[learner] = rows, counts
+            rows, counts, failures, prompt_of = self._rows(learner, k, prompt_ids, group_size, table, rewards,
+                                                           omega[learner])
+            order = order_rows(rows, self.row_order, prompt_of=prompt_of, seed=(self.seed, step_number, k))
+            step.rows[learner], step.counts[learner] = rows.select(order) if order is not None else rows, counts
             step.failures.extend(failures)
         return step
 
@@ -220,7 +229,8 @@ class Broker:
         return hacpo_advantages(rewards, k, baseline_omega, eps=self.adv_eps)
 
     def _rows(self, learner: str, k: int, prompt_ids: list[str], group_size: int, table, rewards: torch.Tensor,
-              omega: dict[str, float]) -> tuple[TrainingRows, dict[str, int], list[str]]:
+              omega: dict[str, float]) -> tuple[TrainingRows, dict[str, int], list[str], list[int]]:
+        """The learner's rows as built (own first), their counts, the re-encoding failures, each row's prompt."""
         agents, spec = self.agents, self.algorithm
         omega_vec = torch.tensor([omega[a] for a in agents], dtype=torch.float64)  # [n], ω(j→k)
         adv = self._advantages(k, rewards, omega_vec)  # [B, n, G]
@@ -280,7 +290,7 @@ class Broker:
             old_token_logprobs=old_tokens,
             ratio_length_scale=torch.tensor(length_scale, dtype=torch.float32),
         )
-        return rows, counts, failures
+        return rows, counts, failures, prompt_index.tolist()
 
     def _length_scale(self, learner_tokens: int, source_tokens: int) -> float:
         """L_learner / L_source under the single-exponent convention (1 under per-tokenizer, or when either
@@ -288,6 +298,33 @@ class Broker:
         if self.ratio_length == "per_tokenizer" or learner_tokens == 0 or source_tokens == 0:
             return 1.0
         return learner_tokens / source_tokens
+
+
+ROW_ORDERS = ("own_first", "by_prompt", "shuffled")
+
+
+def order_rows(rows: TrainingRows, row_order: str, *, prompt_of: Sequence[int], seed: tuple[int, int, int]
+               ) -> list[int] | None:
+    """The training order of a learner's rows, built own rows first (docs/algorithm.md §6); None: as built.
+
+    `by_prompt`: prompt by prompt (`prompt_of[r]`: row r's prompt), each prompt's own rows before the others' (a
+    stable sort, so within a prompt the build order stays); `shuffled`: a permutation drawn from `seed` = (run seed,
+    step, learner index) — the same on every rank and on a resumed run."""
+    if row_order == "own_first":
+        return None
+    if row_order == "by_prompt":
+        own = rows.is_own.tolist()
+        return sorted(range(len(rows)), key=lambda r: (prompt_of[r], not own[r]))
+    if row_order == "shuffled":
+        generator = torch.Generator().manual_seed(hash_seed(*seed))
+        return torch.randperm(len(rows), generator=generator).tolist()
+    raise ValueError(f"row_order must be one of {ROW_ORDERS}, got {row_order!r}")
+
+
+def hash_seed(*parts: int) -> int:
+    """A 63-bit seed from integers, independent of Python's hash randomisation."""
+    digest = hashlib.sha256(",".join(str(int(p)) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
 
 def _stack_token_logprobs(per_row: list[torch.Tensor | None], learner: str) -> torch.Tensor:

@@ -236,7 +236,8 @@ class HacpoRun:
     def _make_broker(self, algo: AlgoConfig) -> Broker:
         spec = algo.algorithm  # the registry entry, ablations applied
         return Broker(self.agents, self._learner_tokenizers() if spec.shares_rollouts else {}, algorithm=spec,
-                      tracker=self.tracker, adv_eps=algo.adv_eps, ratio_length=algo.ratio_length)
+                      tracker=self.tracker, adv_eps=algo.adv_eps, ratio_length=algo.ratio_length,
+                      row_order=algo.row_order, seed=self.cfg.runtime.seed)
 
     def use_algorithm(self, algo: AlgoConfig) -> None:
         """Train the next steps of this (started) run with another algorithm of the baseline table: the broker's
@@ -292,7 +293,7 @@ class HacpoRun:
         timings["logprob_s"] = time.perf_counter() - tick
 
         tick = time.perf_counter()
-        brokered = self.broker.step(rollouts)
+        brokered = self.broker.step(rollouts, step)
         for failure in brokered.failures:
             logger.warning("re-encoding dropped a cross sample: %s", failure)
         metrics.update(brokered.metrics())

@@ -74,7 +74,7 @@ def test_sigusr1_inside_step_2_then_a_rerun_continues_as_uninterrupted_and_a_sec
     original_step = Broker.step
     brokered = []
 
-    def broker_step(self, rollouts):  # the middle of a step: generated, scored, not yet trained
+    def broker_step(self, rollouts, *args):  # the middle of a step: generated, scored, not yet trained
         brokered.append(1)
         if len(brokered) == 2:  # step 2
             tick = time.monotonic()
@@ -83,7 +83,7 @@ def test_sigusr1_inside_step_2_then_a_rerun_continues_as_uninterrupted_and_a_sec
                 cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=600)
             second["seconds"] = time.monotonic() - tick
             _signal_self()
-        return original_step(self, rollouts)
+        return original_step(self, rollouts, *args)
 
     monkeypatch.setattr(Broker, "step", broker_step)
     saves = _save_calls(monkeypatch, during=lambda step: _signal_self())  # one more SIGUSR1 inside the save

@@ -290,3 +290,43 @@ def test_ratio_length_scale_per_convention(tokenizers):
     assert any(abs(s - 1.0) > 0.05 for s in expected[4:])  # the tokenizers differ: the convention matters
     # everything else is the same rows
     assert view.token_ids == default.token_ids and torch.equal(view.advantages, default.advantages)
+
+
+def _row_keys(rows: TrainingRows) -> list[tuple]:
+    """Each row as a comparable tuple of every per-row field that the order must carry along."""
+    return [(tuple(rows.token_ids[r]), tuple(rows.response_mask[r]), float(rows.advantages[r]), float(rows.omega[r]),
+             float(rows.old_mean_logprob[r]), bool(rows.is_own[r]), int(rows.source[r]),
+             bool(rows.cross_objective[r])) for r in range(len(rows))]
+
+
+def test_row_orders_reorder_whole_rows(tokenizers):
+    """own_first (the authors' order): 4 own rows, then 4 of each other agent; by_prompt: per prompt, own rows
+    first (rows 0,1 own prompt 0; 4,5 and 8,9 the others' prompt 0; then prompt 1); shuffled: a permutation drawn
+    from (seed, step, learner), the same when asked again, another one at another step."""
+    rollouts = _rollouts(tokenizers)
+    built = _broker(tokenizers).step(rollouts, 3).rows["alpha"]
+    assert built.source.tolist() == [0] * 4 + [1] * 4 + [2] * 4
+    keys = _row_keys(built)
+
+    by_prompt = _broker(tokenizers, row_order="by_prompt").step(rollouts, 3).rows["alpha"]
+    assert _row_keys(by_prompt) == [keys[i] for i in [0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11]]
+    assert by_prompt.source.tolist() == [0, 0, 1, 1, 2, 2] * 2
+
+    def shuffled(step, seed=0):
+        return _broker(tokenizers, row_order="shuffled", seed=seed).step(rollouts, step).rows
+
+    first = shuffled(3)
+    assert sorted(_row_keys(first["alpha"])) == sorted(keys) and _row_keys(first["alpha"]) != keys
+    assert _row_keys(shuffled(3)["alpha"]) == _row_keys(first["alpha"])  # reproducible: a resumed step draws the same
+    assert _row_keys(shuffled(4)["alpha"]) != _row_keys(first["alpha"])
+    assert _row_keys(shuffled(3, seed=1)["alpha"]) != _row_keys(first["alpha"])
+    assert first["alpha"].is_own.tolist() != first["beta"].is_own.tolist()  # each learner its own permutation
+    with pytest.raises(ValueError, match="row_order must be one of"):
+        _broker(tokenizers, row_order="random")
+
+
+def test_select_takes_every_per_row_field_along():
+    rows = _stats_rows()
+    picked = rows.select([2, 0])
+    assert _row_keys(picked) == [_row_keys(rows)[2], _row_keys(rows)[0]]
+    assert picked.ratio_length_scale.tolist() == rows.ratio_length_scale[[2, 0]].tolist()
