@@ -82,10 +82,15 @@ def studies(phase: str) -> dict[str, list[str]]:
         return {"trio": ["--config-name", "trio_tiny", "--algos", "hacpo,gspo", "--seeds", "0", *SCHEDULE,
                          "--compare", "hacpo-gspo", "--out", str(OUT / "trio"), "runtime.eval_samples=0",
                          *PAIRS["habit"], *trio_gpt_overrides()]}
+    if phase == "row_order":  # docs/algorithm.md §6, pre-registered (issue #48): both orders on one commit
+        return {f"style_{order}": ["--config-name", "pair_tiny", "--algos", "hacpo,naive", "--seeds", "0,1,2,3",
+                                   *SCHEDULE, "--threshold", THRESHOLDS["style"], "--compare", "hacpo-naive",
+                                   "--out", str(OUT / f"style_{order}"), "runtime.eval_samples=0", *PAIRS["style"],
+                                   f"algo.row_order={order}"] for order in ("own_first", "by_prompt")}
     raise ValueError(f"unknown phase {phase!r}")
 
 
-PHASES = ("main", "ablations", "trio")
+PHASES = ("main", "ablations", "trio", "row_order")
 
 
 def _with_seeds(args: list[str], seeds: str) -> list[str]:
