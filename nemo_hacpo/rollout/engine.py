@@ -46,6 +46,8 @@ from nemo_hacpo.rollout.engine_processes import (
     engine_pids,
     engine_shm_files,
     record_engine,
+    start_watchdog,
+    stop_watchdog,
     unlink_orphans,
     wait_gone,
 )
@@ -137,6 +139,7 @@ class RolloutEngine:
                     os.environ[key] = value
         self._stats["startup_s"] = time.perf_counter() - start
         self._engine_pids = engine_pids(self._llm)
+        self._watchdog = start_watchdog(self._engine_pids)  # kills them if this process dies without a shutdown
         self._engine_shm = engine_shm_files(self._engine_pids)
         self._shm_record = Path(shm_record) if shm_record is not None else None
         if self._shm_record is not None:
@@ -399,6 +402,8 @@ class RolloutEngine:
         gone (`engine_processes.unlink_orphans`)."""
         llm, self._llm = getattr(self, "_llm", None), None
         shutil.rmtree(getattr(self, "_scratch_dir", ""), ignore_errors=True)
+        stop_watchdog(getattr(self, "_watchdog", None))
+        self._watchdog = None
         if llm is None:
             return
         pids = sorted(set(getattr(self, "_engine_pids", ())) | set(engine_pids(llm)))

@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterable
@@ -108,6 +109,36 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def start_watchdog(pids: Iterable[int]) -> subprocess.Popen | None:
+    """A process that SIGKILLs the engine processes `pids` if this process dies without shutting them down
+    (`engine_watchdog`); None when there is nothing to watch (an in-process engine, processes already gone)."""
+    from nemo_hacpo.rollout.engine_watchdog import start_time
+
+    watched = [f"{pid}:{start}" for pid in pids if (start := start_time(pid)) is not None]
+    own = start_time(os.getpid())
+    if not watched or own is None:
+        return None
+    script = Path(__file__).with_name("engine_watchdog.py")
+    # SIGUSR1 blocked while it starts (the mask passes through exec): one that Slurm forwards before the watchdog
+    # ignores it waits instead of killing it, as for the reward workers
+    import signal
+
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        return subprocess.Popen([sys.executable, str(script), f"{os.getpid()}:{own}", *watched],
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def stop_watchdog(watchdog: subprocess.Popen | None) -> None:
+    """Stop a watchdog (the engine was shut down, or is being: its processes are not to be killed by it)."""
+    if watchdog is not None and watchdog.poll() is None:
+        watchdog.kill()
+    if watchdog is not None:
+        watchdog.wait(timeout=10)
 
 
 def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:

@@ -103,3 +103,58 @@ def test_an_engine_whose_actor_was_killed_leaves_queues_that_the_sweep_removes(t
     sweep_recorded(records)  # as the driver's at the run's close: whatever the clean shutdown could not unlink yet
     assert list(records.iterdir()) == []  # every record dropped once its files are gone
     assert [name for name in kept if (SHM_DIR / name).exists()] == []
+
+
+HOLDER = """
+import json, sys, time
+from nemo_hacpo.config import load_config
+from nemo_hacpo.rollout import RolloutEngine
+from nemo_hacpo.rollout.engine_processes import engine_pids
+from tests.helpers.runs import small_kv_cache
+agent = {a.name: a for a in load_config("pair_tiny_gpt", small_kv_cache(2)).agents}["gpt_tiny"]
+engine = RolloutEngine.from_agent(agent, sys.argv[1], device="cpu", default_seed=0, shm_record=sys.argv[2])
+print("STARTED", json.dumps({"pids": engine_pids(engine.llm), "watchdog": engine._watchdog.pid}), flush=True)
+time.sleep(3600)
+"""
+
+
+def test_an_engine_whose_owner_is_sigkilled_goes_with_it(tmp_path):
+    """vLLM's EngineCore does not watch its parent: an owner SIGKILLed along with Ray's processes (a killed driver
+    of a local cluster) left an EngineCore and its worker running for hours, reparented to init. The engine's
+    watchdog (`rollout/engine_watchdog.py`) kills them once the owner is gone; the sweep then removes their files.
+    (Without the watchdog — stopped before the kill — the two processes were still alive a minute later.)"""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from nemo_hacpo.rollout.engine_processes import sweep_recorded
+    from tests.helpers.runs import REPO
+
+    agent = {a.name: a for a in load_config("pair_tiny_gpt", small_kv_cache(2)).agents}["gpt_tiny"]
+    tokenizer = load_tokenizer(agent.tokenizer.source)
+    model_dir = tiny.save_checkpoint(tiny.hf_model_from_spec(agent.model.tiny, tokenizer, seed=0), tokenizer,
+                                     tmp_path / "model")
+    records = tmp_path / "records"
+    with (tmp_path / "holder.log").open("wb") as log:
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(model_dir), str(records / "engine.json")],
+                                  cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO),
+                                                     VLLM_LOGGING_STREAM="ext://sys.stderr"), stdout=subprocess.PIPE,
+                                  stderr=log, start_new_session=True)
+    try:
+        lines = iter(holder.stdout.readline, b"")  # until the engine has started, or the holder died (EOF)
+        line = next((line for line in lines if line.startswith(b"STARTED ")), None)
+        assert line is not None, (tmp_path / "holder.log").read_text()[-3000:]
+        started = json.loads(line.split(b" ", 1)[1])
+        assert len(started["pids"]) >= 2 and wait_gone([started["watchdog"]], timeout=0) == [started["watchdog"]]
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        assert wait_gone(started["pids"], timeout=120) == [], "the engine outlived its owner"
+        assert wait_gone([started["watchdog"]], timeout=30) == []  # its work done, the watchdog exits
+    finally:
+        if holder.poll() is None:
+            os.killpg(holder.pid, signal.SIGKILL)
+            holder.wait()
+    sweep_recorded(records)
+    assert list(records.iterdir()) == []  # every file the killed engine left is unlinked
