@@ -438,6 +438,11 @@ class RewardConfig:
     """Scoring processes (0 = in the driver)."""
     max_response_chars: int = 16384
     """Longer responses are truncated (keeping the end) before parsing."""
+    worker_memory_mb: int | None = 2048
+    """Address-space limit of each reward process (RLIMIT_AS), so that a pathological answer cannot take the
+    node's memory; null: none. math-verify needs well under the default; a reward function of yours that imports
+    torch or loads a model needs more (an import or allocation over the limit raises MemoryError, and every answer
+    scores 0 as `error`). Not applied with `num_workers: 0` (the driver's own process)."""
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,9 @@ logger = logging.getLogger(__name__)
 TRUNCATED_INPUT = "truncated_input"
 
 
+EXIT_OVER_MEMORY_LIMIT = 4  # a worker's exit status: loading the reward function ran out of its address space
+
+
 class RewardPoolError(RuntimeError):
     """The worker pool cannot run at all (workers fail to start). Never raised for answer content."""
 
@@ -172,12 +175,17 @@ def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
     # blocked by the driver while this process started (`_start_worker`): one that came meanwhile is discarded now
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     _limit_address_space(settings.memory_limit_mb)
-    # the config check has imported it once already: a failure here is the worker's (exit, the pool restarts it)
-    function = resolve_reward_function(settings.function) if settings.function else None
-    if function is None:  # warm up sympy's lazy imports so the first real answer is timed like the others
-        score_prepared(
-            PreparedAnswer("\\frac{1}{2}", "0.5", strict=True), settings.limits, settings.soft_timeout_s
-        )
+    try:
+        # the config check has imported it once already: a failure here is the worker's (exit, the pool restarts it)
+        function = resolve_reward_function(settings.function) if settings.function else None
+        if function is None:  # warm up sympy's lazy imports so the first real answer is timed like the others
+            score_prepared(
+                PreparedAnswer("\\frac{1}{2}", "0.5", strict=True), settings.limits, settings.soft_timeout_s
+            )
+    except (MemoryError, ValueError) as err:
+        if settings.memory_limit_mb and (isinstance(err, MemoryError) or isinstance(err.__cause__, MemoryError)):
+            os._exit(EXIT_OVER_MEMORY_LIMIT)  # the pool's error names reward.worker_memory_mb
+        raise
     conn.send(("ready", os.getpid()))
     while True:
         try:
@@ -299,11 +307,12 @@ class MathRewardScorer:
 
     @classmethod
     def from_config(cls, reward: RewardConfig, **overrides: object) -> MathRewardScorer:
-        """The scorer of a run's `reward` section (workers, time limit, grading mode, response length limit)."""
+        """The scorer of a run's `reward` section (workers, time limit, grading mode, response length limit, the
+        workers' memory limit, the reward function)."""
         settings: dict[str, object] = {
             "num_workers": reward.num_workers, "timeout_s": reward.timeout_s, "strict": reward.strict,
             "limits": dataclasses.replace(DEFAULT_LIMITS, max_response_chars=reward.max_response_chars),
-            "function": reward.function}
+            "function": reward.function, "worker_memory_limit_mb": reward.worker_memory_mb}
         return cls(**{**settings, **overrides})  # type: ignore[arg-type]
 
     # ----------------------------------------------------------------------------------- lifecycle
@@ -535,6 +544,10 @@ class MathRewardScorer:
                     detail=f"worker died (exit code {exit_code}) twice on this answer",
                 )
             self._replace(worker)
+        elif worker.state is _State.STARTING and exit_code == EXIT_OVER_MEMORY_LIMIT:
+            self._startup_failed(worker, (
+                f"{self.function or 'math-verify'} needed more than the {self._settings.memory_limit_mb} MB of "
+                "address space a reward process may use: raise reward.worker_memory_mb, or set it to null"))
         elif worker.state is _State.STARTING:
             self._startup_failed(worker, f"exited with code {exit_code}")
         else:
@@ -545,7 +558,7 @@ class MathRewardScorer:
         logger.error("math reward worker failed to start (%s), attempt %d", why, self._startup_failures)
         if self._startup_failures > self._MAX_STARTUP_FAILURES * max(1, self.num_workers):
             self.close()
-            raise RewardPoolError(f"math reward workers keep failing to start ({why})")
+            raise RewardPoolError(f"reward workers keep failing to start ({why})")
         self._replace(worker)
 
     # ------------------------------------------------------------------------------------- metrics

@@ -545,6 +545,8 @@ def train(cfg: HacpoConfig) -> int:
 
 
 def _train(cfg: HacpoConfig, preempt: StopSignal, in_main: bool) -> int:
+    from nemo_hacpo.rewards import RewardPoolError
+
     try:
         cfg = startup_checks(cfg)
         run = HacpoRun(cfg, preempt)  # loads and checks the data
@@ -564,7 +566,7 @@ def _train(cfg: HacpoConfig, preempt: StopSignal, in_main: bool) -> int:
     except ConfigError as err:  # a start-up check: the run record, the data, the output directory's lock
         print(err, file=sys.stderr)
         return 2
-    except (WorkerFailure, LockLost, KeyboardInterrupt) as stop:
+    except (WorkerFailure, LockLost, RewardPoolError, KeyboardInterrupt) as stop:
         signalled = isinstance(stop, KeyboardInterrupt) and (stop_signal.received is not None or preempt.raised)
         if isinstance(stop, KeyboardInterrupt) and not signalled:
             raise  # Ctrl-C: Python's own behaviour (the groups still shut down below)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from examples.own_task.reward import last_number_matches
 
-__all__ = ["last_number_matches", "one_argument", "raises", "returns_half", "returns_text"]
+__all__ = ["last_number_matches", "needs_3_gib", "one_argument", "raises", "returns_half", "returns_text"]
 
 NOT_A_FUNCTION = 3
 
@@ -24,3 +24,9 @@ def returns_text(response: str, gold: str) -> str:
 
 def one_argument(response: str) -> bool:
     return True
+
+
+def needs_3_gib(response: str, gold: str) -> bool:
+    """Takes 3 GiB of address space, not of memory: `bytes(n)` is calloc'd, and fresh pages are never touched."""
+    block = bytes(3 << 30)
+    return len(block) > 0 and response.strip() == gold

@@ -6,6 +6,7 @@ inside the worker's time limit, a `hang` with SIGALRM blocked that the driver mu
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -108,3 +109,51 @@ def test_the_scorer_runs_it_with_the_time_limits_and_logs_each_kind_of_failure(n
     assert len(warnings) == 2, warnings
     assert any("last_number_matches scored an answer 0: reward function raised ValueError" in w for w in warnings)
     assert any(f"{HELPERS}:raises scored an answer 0: reward function raised KeyError" in w for w in warnings)
+
+
+def test_the_workers_memory_limit_is_the_configs_and_a_function_over_it_scores_0_or_names_the_key():
+    from nemo_hacpo.config import RewardConfig
+    from nemo_hacpo.rewards.scorer import RewardPoolError
+
+    unlimited = RewardConfig(num_workers=1, function=f"{HELPERS}:needs_3_gib", worker_memory_mb=None)
+    with MathRewardScorer.from_config(unlimited) as free, \
+            MathRewardScorer.from_config(dataclasses.replace(unlimited, worker_memory_mb=2048)) as limited:
+        assert free.score(["7", "8"], ["7", "7"]).rewards == [1.0, 0.0]
+        over = limited.score(["7"], ["7"])  # 3 GiB in a 2 GiB address space, at answer time: that answer's 0
+        assert over.reasons == [RewardReason.ERROR] and over.details == ["reward function: out of memory"]
+    # at import time, in every worker: the pool stops, naming the key; without a limit the same module loads
+    with pytest.raises(RewardPoolError, match=r"needed more than the 2048 MB of address space a reward process "
+                                              r"may use: raise reward.worker_memory_mb, or set it to null"), \
+            MathRewardScorer(num_workers=1, function="tests.helpers.reward_over_memory:matches",
+                             worker_memory_limit_mb=2048, startup_timeout_s=60) as scorer:
+        scorer.score(["7"], ["7"])
+    with MathRewardScorer(num_workers=1, function="tests.helpers.reward_over_memory:matches",
+                          worker_memory_limit_mb=None) as scorer:
+        assert scorer.score(["7"], ["7"]).rewards == [1.0]
+
+
+def test_reward_processes_that_cannot_start_stop_the_run_naming_the_key(tmp_path, monkeypatch, capfd):
+    """Through `train()`: the run's scorer (the real pool, a function whose import is over the limit) fails, and the
+    job stops with exit status 1 and the message, as a failed worker does — no traceback."""
+    from nemo_hacpo.config import RewardConfig
+    from nemo_hacpo.runtime import loop
+
+    class Run:  # the loop's start-up stands aside; its scorer is the run's own
+        def __init__(self, cfg, preempt):
+            self.out_dir = tmp_path
+
+        def fit(self):
+            reward = RewardConfig(num_workers=1, function="tests.helpers.reward_over_memory:matches")
+            with MathRewardScorer.from_config(reward) as scorer:
+                scorer.score(["7"], ["7"])
+
+        def close(self, timeout_s):
+            pass
+
+    monkeypatch.setattr(loop, "HacpoRun", Run)
+    monkeypatch.setattr(loop, "startup_checks", lambda cfg: cfg)
+    assert loop.train(load_config("pair_tiny_gpt")) == 1
+    err = capfd.readouterr().err
+    assert "job stopped: reward workers keep failing to start (tests.helpers.reward_over_memory:matches needed more " \
+           "than the 2048 MB of address space a reward process may use: raise reward.worker_memory_mb" in err, err
+    assert "last complete checkpoint: none" in err and "Traceback" not in err
