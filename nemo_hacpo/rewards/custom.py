@@ -34,7 +34,7 @@ from typing import Protocol
 
 from nemo_hacpo.rewards.extract import truncate_tail
 from nemo_hacpo.rewards.guards import AnswerTimeout, alarm_time_limit
-from nemo_hacpo.rewards.math import RewardReason, ScoredAnswer
+from nemo_hacpo.rewards.math import RewardReason, ScoredAnswer, coerce_text
 
 logger = logging.getLogger(__name__)
 
@@ -68,11 +68,10 @@ def custom_answer(response: object, gold: object, max_response_chars: int) -> Cu
     neither text nor bytes (`error`)."""
     texts: list[str | None] = []
     for value, name in ((response, "response"), (gold, "gold")):
-        if isinstance(value, (bytes, bytearray)):
-            value = bytes(value).decode("utf-8", errors="replace")
-        if value is not None and not isinstance(value, str):
+        text = coerce_text(value)  # bytes decoded as math-verify's inputs are
+        if value is not None and text is None:
             return ScoredAnswer.of(RewardReason.ERROR, detail=f"{name} of type {type(value).__name__}")
-        texts.append(value)
+        texts.append(text)
     text, gold_text = texts
     if gold_text is None or not gold_text.strip():
         return ScoredAnswer.of(RewardReason.INVALID_GOLD, detail="empty gold")

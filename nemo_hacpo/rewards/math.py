@@ -172,7 +172,7 @@ class PreparedAnswer:
     truncated: bool = False
 
 
-def _coerce_text(value: object) -> str | None:
+def coerce_text(value: object) -> str | None:
     """``str`` as is, ``bytes`` decoded leniently, ``None``/other types -> ``None``."""
     if isinstance(value, str):
         return value
@@ -182,7 +182,7 @@ def _coerce_text(value: object) -> str | None:
 
 
 def _prepare_gold(gold: object, limits: VerifyLimits) -> str | ScoredAnswer:
-    gold_raw = _coerce_text(gold)
+    gold_raw = coerce_text(gold)
     if gold_raw is None:
         return ScoredAnswer.of(RewardReason.INVALID_GOLD, detail=f"gold of type {type(gold).__name__}")
     gold_text = normalize_answer_text(clean_text(gold_raw[: 4 * limits.max_answer_chars]))
@@ -210,7 +210,7 @@ def prepare_answer(
         return gold_text
     if response is None:
         return ScoredAnswer.of(RewardReason.EMPTY, detail="response is None")
-    response_raw = _coerce_text(response)
+    response_raw = coerce_text(response)
     if response_raw is None:
         return ScoredAnswer.of(RewardReason.ERROR, detail=f"response of type {type(response).__name__}")
     response_tail, truncated = truncate_tail(response_raw, limits.max_response_chars)
