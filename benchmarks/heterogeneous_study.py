@@ -32,6 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.run_archive import RunFiles, study_runs  # noqa: E402
 from benchmarks.study_stats import format_pm, paired_difference  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "heterogeneous_pairs"
@@ -167,16 +168,13 @@ def _reading(t: float) -> str:
 
 def direction_rows(pair: str) -> list[dict[str, object]]:
     """Per sharing algorithm and direction source → learner: the means over steps and seeds of s p50 and the
-    shares of the partner's rows with gradient (all, A > 0, A < 0), from every run's metrics.jsonl."""
-    runs_dir = OUT / pair / "runs"
+    shares of the partner's rows with gradient (all, A > 0, A < 0), from every run's metrics (its metrics.jsonl, else
+    its archive)."""
     rows = []
-    if not runs_dir.is_dir():
-        return rows
     values: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for metrics in sorted(runs_dir.glob("*_seed*/metrics.jsonl")):
-        algo = metrics.parent.name.rsplit("_seed", 1)[0]
-        for line in metrics.read_text().splitlines():
-            record = json.loads(line)
+    for run in study_runs(OUT / pair):
+        algo = run.algo
+        for record in run.metrics():
             for key, value in record.items():
                 parts = key.split("/")
                 if len(parts) == 4 and parts[1] == "from" and isinstance(value, int | float):
@@ -256,22 +254,22 @@ def style_rows(pair: str) -> list[dict[str, object]]:
     """Post hoc (not in DESIGN.md): what the agents' greedy held-out answers look like at step 0 and at the last
     evaluation, pooled over seeds: the share of equation lines narrated and the share whose arithmetic is wrong."""
     rows = []
-    for run_dirs in _runs_by_algo(pair).values():
-        for agent in sorted({p.name.split("__")[0] for d in run_dirs for p in (d / "eval").glob("step_*/*__heldout.jsonl")}):
+    for runs in _runs_by_algo(pair).values():
+        for agent in sorted({agent for run in runs for agent in run.evaluations()}):
             for label, pick in (("start", min), ("end", max)):
                 equations, answered, right = [], 0, 0
-                for run_dir in run_dirs:
-                    steps = sorted((run_dir / "eval").glob(f"step_*/{agent}__heldout.jsonl"))
+                for run in runs:
+                    steps = run.evaluations().get(agent)
                     if not steps:
                         continue
-                    for line in pick(steps).read_text(encoding="utf-8").splitlines():
-                        greedy = next(r for r in json.loads(line)["responses"] if r["mode"] == "greedy")
+                    for answer in run.answers(pick(steps), agent):
+                        greedy = next(r for r in answer["responses"] if r["mode"] == "greedy")
                         equations += equation_lines(greedy["text"])
                         answered += 1
                         right += greedy["reward"] > 0
                 if not answered:
                     continue
-                rows.append({"pair": pair, "algo": run_dirs[0].name.rsplit("_seed", 1)[0], "agent": agent,
+                rows.append({"pair": pair, "algo": runs[0].algo, "agent": agent,
                              "when": label, "answers": answered, "accuracy": f"{right / answered:.3f}",
                              "equations per answer": f"{len(equations) / answered:.2f}",
                              "narrated": f"{sum(n for n, _ in equations) / max(len(equations), 1):.3f}",
@@ -279,10 +277,10 @@ def style_rows(pair: str) -> list[dict[str, object]]:
     return rows
 
 
-def _runs_by_algo(pair: str) -> dict[str, list[Path]]:
-    runs: dict[str, list[Path]] = {}
-    for run_dir in sorted((OUT / pair / "runs").glob("*_seed*")):
-        runs.setdefault(run_dir.name.rsplit("_seed", 1)[0], []).append(run_dir)
+def _runs_by_algo(pair: str) -> dict[str, list[RunFiles]]:
+    runs: dict[str, list[RunFiles]] = {}
+    for run in study_runs(OUT / pair):
+        runs.setdefault(run.algo, []).append(run)
     return runs
 
 
@@ -357,15 +355,15 @@ def main(argv: list[str] | None = None) -> int:
     absent = []
     for name in [*PAIRS, *ABLATIONS, "trio"]:  # every study's own results.md, from its runs where they are here
         command = OUT / name / "command.txt"
-        if not (OUT / name / "runs").is_dir():
+        if not ((OUT / name / "runs").is_dir() or (OUT / name / "raw").is_dir()):  # the runs, or their archives
             absent += [name] if (OUT / name / "results.json").is_file() else []
         elif command.is_file():
             recorded = command.read_text().split()
             subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sample_efficiency.py"), *recorded[2:],
                             "--aggregate-only"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     if absent:  # the per-direction and post-hoc sections read the runs: without them results.md would lose them
-        print(f"[report] no runs/ for {', '.join(absent)} here (the runs are not committed): every results file is "
-              f"left as it is; the report below is printed only", file=sys.stderr)
+        print(f"[report] no runs/ nor raw/ for {', '.join(absent)} here (studies run before the runs were archived): "
+              "every results file is left as it is; the report below is printed only", file=sys.stderr)
     print(report(write=not absent))
     return 0
 

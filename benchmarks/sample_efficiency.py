@@ -23,7 +23,9 @@ Equal optimizer updates (`--equalize`, U = steps · M for every algorithm):
 Outputs in `<out>/`: results.md (per agent × algorithm: start / final held-out accuracy mean ± std over seeds,
 rollouts generated, updates, minutes per run; paired final-accuracy differences hacpo − gspo_x2 and
 hacpo − gspo per seed with mean ± std and a paired t-test), results.csv, results.json,
-accuracy_vs_rollouts.png (one panel per agent, one line per algorithm, ± std band over seeds), command.txt.
+accuracy_vs_rollouts.png (one panel per agent, one line per algorithm, ± std band over seeds), command.txt, and
+raw/<algo>_seed<k>.json.xz per finished run (benchmarks/run_archive.py: its record, metrics and held-out answers,
+~64 KiB, committed; `runs/` is not), from which `--aggregate-only` recomputes every number on a fresh clone.
 Std is the sample std (n − 1); it is undefined (shown as n/a) for one seed.
 """
 
@@ -47,8 +49,8 @@ from nemo_hacpo.algo.registry import ALGORITHMS  # noqa: E402
 
 DEFAULT_ALGOS = ("gspo", "gspo_x2", "naive", "hacpo")
 PAIRED = (("hacpo", "gspo_x2"), ("hacpo", "gspo"), ("hacpo", "naive"), ("gspo_x2", "gspo"))
-RUN_RECORD = "study_run.json"
 PRUNED = ("checkpoints", "engines")
+from benchmarks.run_archive import RUN_RECORD, RunFiles, write_archive  # noqa: E402
 from benchmarks.study_report import finite_or_none, results_markdown, verdict, write_csv, write_plot  # noqa: E402, F401
 from benchmarks.study_stats import mean_std, paired_difference  # noqa: E402  (the statistics, by hand)
 
@@ -264,12 +266,8 @@ def pooled_mcnemar_rows(results: Sequence[RunResult], pairs: Sequence[tuple[str,
 def final_correct(run_dir: str | Path, step: int, agent: str) -> tuple[tuple[str, int], ...]:
     """`(problem id, greedy right)` of the agent's evaluation at `step` (`eval/step_<n>/<agent>__heldout.jsonl`,
     written by the training loop); empty if the file is missing."""
-    path = Path(run_dir) / "eval" / f"step_{step:06d}" / f"{agent}__heldout.jsonl"
-    if not path.is_file():
-        return ()
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        record = json.loads(line)
+    for record in RunFiles(run_dir).answers(step, agent):  # the run's directory, else its archive
         greedy = next(r for r in record["responses"] if r["mode"] == "greedy")
         out.append((record["id"], int(greedy["reward"] > 0)))
     return tuple(out)
@@ -340,10 +338,8 @@ def plan_runs(args: argparse.Namespace, extra: Sequence[str]) -> list[PlannedRun
 
 
 def read_run_records(run_dir: str | Path) -> list[dict[str, float]]:
-    from nemo_hacpo.reporting import read_metrics
-
-    path = Path(run_dir) / "metrics.jsonl"
-    return latest_per_step(read_metrics(path)) if path.is_file() else []
+    """The last record of each step (the run's metrics.jsonl, else its archive; [] when neither is here)."""
+    return latest_per_step(RunFiles(run_dir).metrics())
 
 
 def execute(run: PlannedRun, config_name: str, prune: bool = True) -> dict[str, object]:
@@ -367,6 +363,8 @@ def execute(run: PlannedRun, config_name: str, prune: bool = True) -> dict[str, 
     record.update(rc=rc, wall_s=record["wall_s"] + time.perf_counter() - start,
                   status="done" if rc == 0 and run_finished(read_run_records(run_dir), run.steps) else "failed")
     record_path.write_text(json.dumps(record, indent=1))
+    if record["status"] == "done":
+        write_archive(run_dir)  # committed: the study's numbers can be recomputed without the run directory
     if record["status"] == "done" and prune:
         for heavy in PRUNED:  # only a resume needs them, and a finished run is never resumed
             shutil.rmtree(run_dir / heavy, ignore_errors=True)
@@ -377,9 +375,8 @@ def collect(runs: Sequence[PlannedRun]) -> tuple[list[RunResult], list[str]]:
     """Finished runs as `RunResult`s, and a line for every unfinished one."""
     results, missing = [], []
     for run in runs:
-        records = read_run_records(run.run_dir)
-        record_path = Path(run.run_dir) / RUN_RECORD
-        record = json.loads(record_path.read_text()) if record_path.is_file() else {}
+        files = RunFiles(run.run_dir)
+        records, record = latest_per_step(files.metrics()), files.record()
         if not run_finished(records, run.steps):
             last = records[-1]["step"] if records else "none"
             missing.append(f"{run.algo} seed {run.seed}: last logged step {last} of {run.steps} "
@@ -405,9 +402,9 @@ def aggregate(runs: Sequence[PlannedRun], algos: Sequence[str], out: str | Path,
     written = out / "results.json"
     kept = len(json.loads(written.read_text(encoding="utf-8")).get("runs", [])) if written.is_file() else 0
     if len(results) < kept:
-        raise StudyError(f"{written} holds {kept} finished run(s) but {out / 'runs'} has only {len(results)} "
-                         "(the runs are not committed: a fresh clone has none); results.* left as they are — run the "
-                         "study here first, or read the committed results")
+        raise StudyError(f"{written} holds {kept} finished run(s) but {out} has only {len(results)} (as a run "
+                         "directory under runs/, not committed, or an archive under raw/); results.* left as they "
+                         "are — run the study here first, or read the committed results")
     summary = summary_rows(results, algos)
     pairs = [p for p in pairs if p[0] in algos and p[1] in algos]
     paired = paired_rows(results, pairs)
@@ -458,7 +455,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--order", choices=["algo", "seed"], default="algo",
                         help="run every seed of an algorithm in turn (algo), or every algorithm of a seed (seed: a "
                              "study stopped early has whole seeds)")
-    parser.add_argument("--aggregate-only", action="store_true", help="rebuild tables and plot from existing runs")
+    parser.add_argument("--aggregate-only", action="store_true",
+                        help="rebuild tables and plot from existing runs (their directories, else their archives)")
+    parser.add_argument("--archive-only", action="store_true",
+                        help="write <out>/raw/<run>.json.xz for every finished run whose directory is here, then "
+                             "aggregate (a run finished by this script is archived when it ends)")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="keep each finished run's checkpoints/ and engines/ (default: deleted, they are large)")
     parser.add_argument("--smollm", action="store_true",
@@ -494,10 +495,12 @@ def record_study(path: Path, runs: Sequence[PlannedRun]) -> None:
 
 
 def plan_runs_offline(args: argparse.Namespace) -> list[PlannedRun]:
-    """The study's runs as recorded in `<out>/study.json` (aggregating without re-resolving configs)."""
-    recorded = json.loads((Path(args.out) / "study.json").read_text(encoding="utf-8"))
-    return [PlannedRun(**{**r, "overrides": tuple(r["overrides"])}) for r in recorded
-            if r["algo"] in args.algos and r["seed"] in args.seeds]
+    """The study's runs as recorded in `<out>/study.json` (aggregating without re-resolving configs), each run's
+    directory under `<out>/runs/` wherever the study ran (the record holds the machine's absolute path)."""
+    out = Path(args.out)
+    recorded = json.loads((out / "study.json").read_text(encoding="utf-8"))
+    return [PlannedRun(**{**r, "overrides": tuple(r["overrides"]), "run_dir": str(out / "runs" / Path(r["run_dir"]).name)})
+            for r in recorded if r["algo"] in args.algos and r["seed"] in args.seeds]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -505,15 +508,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parse_args(argv)
     command = shlex.join(["python", "benchmarks/sample_efficiency.py", *argv])
     out = Path(args.out)
-    if args.aggregate_only and (out / "study.json").is_file():
+    offline = args.aggregate_only or args.archive_only
+    if offline and (out / "study.json").is_file():
         runs = plan_runs_offline(args)
     else:
         if args.smollm:
             cache = Path(args.smollm_cache).expanduser()
-            model_dir = cache if args.aggregate_only else prepare_smollm(cache)
+            model_dir = cache if offline else prepare_smollm(cache)
             extra = [*smollm_overrides(model_dir), *extra]
         runs = plan_runs(args, extra)
-    if not args.aggregate_only:
+    if args.archive_only:
+        for run in runs:
+            if (Path(run.run_dir) / "metrics.jsonl").is_file() and run_finished(read_run_records(run.run_dir), run.steps):
+                print(f"[archive] {run.algo} seed {run.seed} → {write_archive(run.run_dir)}", flush=True)
+    if not offline:
         out.mkdir(parents=True, exist_ok=True)
         (out / "command.txt").write_text(command + "\n", encoding="utf-8")
         (out / ".gitignore").write_text("runs/\n", encoding="utf-8")  # the runs are large; results.* hold the data

@@ -149,4 +149,4 @@ def test_report_on_a_clone_without_runs_leaves_every_results_file_as_it_is(out, 
     assert hs.main(["report"]) == 0
     assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
     captured = capsys.readouterr()
-    assert "no runs/ for habit here" in captured.err and "| habit | llama_tiny | hacpo − gspo | 2 |" in captured.out
+    assert "no runs/ nor raw/ for habit here" in captured.err and "| habit | llama_tiny | hacpo − gspo | 2 |" in captured.out

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = sorted(p for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__")
-LIBRARIES = ("smollm", "study_report", "study_stats")
+LIBRARIES = ("run_archive", "smollm", "study_report", "study_stats")
 """Modules the scripts share; they run nothing, so they need no `__main__` guard."""
 
 
