@@ -14,7 +14,8 @@ Time limits, two layers:
 
 Workers start with the ``spawn`` method by default: the driver also hosts Ray and vLLM threads, and
 forking a multi-threaded process is unsafe. Workers are reused across batches (start-up ~1 s) and
-get an address-space limit so a memory bomb becomes a ``MemoryError`` instead of an OOM kill.
+get an address-space limit so a memory bomb becomes a ``MemoryError`` instead of an OOM kill. The worker's side
+(its start-up check, its loop): :mod:`nemo_hacpo.rewards.worker`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import multiprocessing
-import os
 import signal
 import threading
 import time
@@ -31,27 +31,33 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING
 
-from nemo_hacpo.config import RewardConfig
-from nemo_hacpo.rewards.custom import CustomAnswer, custom_answer, resolve_reward_function, score_custom
+from nemo_hacpo.rewards.custom import custom_answer, resolve_reward_function
 from nemo_hacpo.rewards.math import (
     DEFAULT_LIMITS,
-    PreparedAnswer,
     RewardReason,
     ScoredAnswer,
     VerifyLimits,
     prepare_answer,
-    score_prepared,
 )
+from nemo_hacpo.rewards.worker import (
+    DEBUG_ACTIONS,
+    Task,
+    WorkerSettings,
+    debug_action,
+    score_task,
+    worker_main,
+)
+
+if TYPE_CHECKING:
+    from nemo_hacpo.config import RewardConfig
 
 __all__ = ["MathRewardScorer", "RewardBatch", "RewardPoolError", "count_reasons"]
 
 logger = logging.getLogger(__name__)
 
 TRUNCATED_INPUT = "truncated_input"
-
-
-EXIT_OVER_MEMORY_LIMIT = 4  # a worker's exit status: loading the reward function ran out of its address space
 
 
 class RewardPoolError(RuntimeError):
@@ -110,101 +116,6 @@ class RewardBatch:
         return scalars
 
 
-DEBUG_ACTIONS = ("hang", "sleep", "crash")
-"""What a worker does with an answer holding a `_debug_markers` string (tests only): `hang` blocks SIGALRM and
-sleeps, like a hang inside C code (the driver must kill it); `sleep` sleeps where SIGALRM can interrupt it (the
-worker's own time limit fires: slow by construction, whatever the machine); `crash` exits at once."""
-
-
-@dataclass(frozen=True)
-class _WorkerSettings:
-    limits: VerifyLimits
-    soft_timeout_s: float
-    memory_limit_mb: int | None
-    debug_markers: tuple[tuple[str, str], ...] = ()
-    function: str | None = None
-    """`reward.function` (`module:function`): workers import it and score with it instead of math-verify."""
-
-
-Task = PreparedAnswer | CustomAnswer
-"""What a worker scores: an answer for math-verify, or one for the reward function."""
-
-
-def _score_task(task: Task, settings: _WorkerSettings, function, action: str | None) -> ScoredAnswer:
-    """One verdict, under the soft time limit (`function`: the resolved `reward.function`, for `CustomAnswer`s)."""
-    if isinstance(task, CustomAnswer):
-        return score_custom(function, task, settings.soft_timeout_s, delay_s=_debug_delay(action))
-    return score_prepared(task, settings.limits, settings.soft_timeout_s, delay_s=_debug_delay(action))
-
-
-def _limit_address_space(memory_limit_mb: int | None) -> None:
-    if not memory_limit_mb:
-        return
-    try:
-        import resource
-
-        _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = memory_limit_mb << 20
-        if hard != resource.RLIM_INFINITY:
-            limit = min(limit, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    except (ImportError, ValueError, OSError):  # not Linux, or not permitted: run without the limit
-        pass
-
-
-def _debug_action(settings: _WorkerSettings, task: Task) -> str | None:
-    """The `DEBUG_ACTIONS` entry whose marker the answer holds (tests only), else None."""
-    text = task.response if isinstance(task, CustomAnswer) else task.answer_text
-    for marker, action in settings.debug_markers:
-        if marker in text:
-            return action
-    return None
-
-
-def _debug_delay(action: str | None) -> float:
-    """An hour for the `sleep` action (the time limit must cut it short), else 0."""
-    return 3600.0 if action == "sleep" else 0.0
-
-
-def _worker_main(conn: Connection, settings: _WorkerSettings) -> None:
-    """Worker loop: receive ``(task_key, Task)``, reply ``(task_key, ScoredAnswer)``; ``None`` stops."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides when workers stop
-    # SIGUSR1 asks the driver to save and stop; Slurm (srun forwarding it) signals the driver's children too,
-    # and its default action would kill a worker in the middle of an answer
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    # blocked by the driver while this process started (`_start_worker`): one that came meanwhile is discarded now
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
-    _limit_address_space(settings.memory_limit_mb)
-    try:
-        # the config check has imported it once already: a failure here is the worker's (exit, the pool restarts it)
-        function = resolve_reward_function(settings.function) if settings.function else None
-        if function is None:  # warm up sympy's lazy imports so the first real answer is timed like the others
-            score_prepared(
-                PreparedAnswer("\\frac{1}{2}", "0.5", strict=True), settings.limits, settings.soft_timeout_s
-            )
-    except (MemoryError, ValueError) as err:
-        if settings.memory_limit_mb and (isinstance(err, MemoryError) or isinstance(err.__cause__, MemoryError)):
-            os._exit(EXIT_OVER_MEMORY_LIMIT)  # the pool's error names reward.worker_memory_mb
-        raise
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):  # the driver went away
-            return
-        if message is None:
-            return
-        task_key, prepared = message
-        action = _debug_action(settings, prepared) if settings.debug_markers else None
-        if action == "hang":
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-            while True:
-                time.sleep(3600)
-        elif action == "crash":
-            os._exit(3)
-        conn.send((task_key, _score_task(prepared, settings, function, action)))
-
-
 class _State(Enum):
     STARTING = "starting"
     IDLE = "idle"
@@ -225,6 +136,7 @@ class _Worker:
     task: Task | None = None
     task_attempt: int = 0
     deadline: float = 0.0
+    failure: str = ""  # why it cannot score, as it said before exiting
 
 
 class MathRewardScorer:
@@ -237,7 +149,8 @@ class MathRewardScorer:
         limits: string/expression guards.
         kill_grace_s: extra time after ``timeout_s`` before a silent worker is killed.
         start_method: ``"spawn"`` (default) or ``"forkserver"``; never ``"fork"`` next to Ray/vLLM.
-        worker_memory_limit_mb: address-space limit per worker (``None``: unlimited).
+        worker_memory_limit_mb: address space (MB) a worker may add to what it holds once started (``None``:
+            unlimited).
         startup_timeout_s: a worker not ready after this long is restarted.
         function: `module:function` of a reward function of the user's (`nemo_hacpo.rewards.custom`), scored
             instead of math-verify under the same time limits and guards; None: math-verify.
@@ -289,7 +202,7 @@ class MathRewardScorer:
         self.function = function
         # resolved here too: an unimportable function fails in the caller, not in every worker
         self._function = resolve_reward_function(function) if function else None
-        self._settings = _WorkerSettings(limits, timeout_s, worker_memory_limit_mb,
+        self._settings = WorkerSettings(limits, timeout_s, worker_memory_limit_mb,
                                          tuple(sorted((_debug_markers or {}).items())), function)
         self._context = multiprocessing.get_context(start_method)
         self._workers: list[_Worker] = []
@@ -382,10 +295,10 @@ class MathRewardScorer:
     def _start_worker(self) -> _Worker:
         parent_conn, child_conn = self._context.Pipe(duplex=True)
         process = self._context.Process(
-            target=_worker_main, args=(child_conn, self._settings), daemon=True, name="math-reward-worker"
+            target=worker_main, args=(child_conn, self._settings), daemon=True, name="math-reward-worker"
         )
         # SIGUSR1 blocked while the worker starts: a spawned process inherits the mask through exec, so one that
-        # Slurm forwards before `_worker_main` has set it to be ignored waits there instead of killing the worker
+        # Slurm forwards before `worker_main` has set it to be ignored waits there instead of killing the worker
         # (the pool's start, a replacement). Forkserver children inherit the server's mask instead.
         previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         try:
@@ -459,7 +372,7 @@ class MathRewardScorer:
             logger.warning("num_workers=0 off the main thread: no time limit can be armed; use workers")
             self._warned_no_time_limit = True
         for index, task, _ in to_verify:
-            results[index] = _score_task(task, self._settings, self._function, _debug_action(self._settings, task))
+            results[index] = score_task(task, self._settings, self._function, debug_action(self._settings, task))
 
     def _score_in_workers(self, to_verify: deque[tuple[int, Task, int]], results: list) -> None:
         hard_timeout_s = self.timeout_s + self.kill_grace_s
@@ -524,6 +437,8 @@ class MathRewardScorer:
                 if message[0] == "ready":
                     worker.state = _State.IDLE
                     self._startup_failures = 0
+                elif message[0] == "failed":  # it cannot score (nemo_hacpo/rewards/worker.py: `start_up`)
+                    worker.failure = message[1]
                 elif worker.state is _State.BUSY and message[0] == worker.task_key:
                     scored: ScoredAnswer = message[1]
                     results[worker.task_index] = scored
@@ -544,12 +459,8 @@ class MathRewardScorer:
                     detail=f"worker died (exit code {exit_code}) twice on this answer",
                 )
             self._replace(worker)
-        elif worker.state is _State.STARTING and exit_code == EXIT_OVER_MEMORY_LIMIT:
-            self._startup_failed(worker, (
-                f"{self.function or 'math-verify'} needed more than the {self._settings.memory_limit_mb} MB of "
-                "address space a reward process may use: raise reward.worker_memory_mb, or set it to null"))
         elif worker.state is _State.STARTING:
-            self._startup_failed(worker, f"exited with code {exit_code}")
+            self._startup_failed(worker, worker.failure or f"exited with code {exit_code}")
         else:
             self._replace(worker)
 

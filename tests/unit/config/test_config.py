@@ -542,6 +542,6 @@ def test_engine_memory_auto_node_ram_and_the_optimizer_checkpoint_format():
 
 
 def test_the_reward_processes_memory_limit_has_a_floor_or_none():
-    assert "reward.worker_memory_mb" in [issue.key for issue in _error(["reward.worker_memory_mb=512"]).issues]
+    assert "reward.worker_memory_mb" in [issue.key for issue in _error(["reward.worker_memory_mb=100"]).issues]
     assert load_config("pair_tiny_gpt", ["reward.worker_memory_mb=null"]).reward.worker_memory_mb is None
     assert load_config("pair_tiny_gpt", ["reward.worker_memory_mb=4096"]).reward.worker_memory_mb == 4096

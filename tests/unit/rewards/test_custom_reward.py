@@ -122,8 +122,9 @@ def test_the_workers_memory_limit_is_the_configs_and_a_function_over_it_scores_0
         over = limited.score(["7"], ["7"])  # 3 GiB in a 2 GiB address space, at answer time: that answer's 0
         assert over.reasons == [RewardReason.ERROR] and over.details == ["reward function: out of memory"]
     # at import time, in every worker: the pool stops, naming the key; without a limit the same module loads
-    with pytest.raises(RewardPoolError, match=r"needed more than the 2048 MB of address space a reward process "
-                                              r"may use: raise reward.worker_memory_mb, or set it to null"), \
+    with pytest.raises(RewardPoolError, match=r"loading tests.helpers.reward_over_memory:matches needed more than "
+                                              r"the 2048 MB of address space a reward process may add to its start: "
+                                              r"raise reward.worker_memory_mb, or set it to null"), \
             MathRewardScorer(num_workers=1, function="tests.helpers.reward_over_memory:matches",
                              worker_memory_limit_mb=2048, startup_timeout_s=60) as scorer:
         scorer.score(["7"], ["7"])
@@ -154,6 +155,7 @@ def test_reward_processes_that_cannot_start_stop_the_run_naming_the_key(tmp_path
     monkeypatch.setattr(loop, "startup_checks", lambda cfg: cfg)
     assert loop.train(load_config("pair_tiny_gpt")) == 1
     err = capfd.readouterr().err
-    assert "job stopped: reward workers keep failing to start (tests.helpers.reward_over_memory:matches needed more " \
-           "than the 2048 MB of address space a reward process may use: raise reward.worker_memory_mb" in err, err
+    assert "job stopped: reward workers keep failing to start (loading tests.helpers.reward_over_memory:matches " \
+           "needed more than the 2048 MB of address space a reward process may add to its start: raise " \
+           "reward.worker_memory_mb" in err, err
     assert "last complete checkpoint: none" in err and "Traceback" not in err
