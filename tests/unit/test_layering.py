@@ -82,6 +82,25 @@ def test_planning_runs_without_ray():
         assert not {n for n in names if n == "ray" or n.startswith("ray.")}, path
 
 
+def test_reading_a_config_imports_no_torch():
+    """`nemo_hacpo.config` (the CLI's start-up checks, and every spawned reward worker, whose parent's main module
+    imports it) needs no torch: `nemo_hacpo.algo` loads its tensor modules on first use. Its exports still resolve
+    to the functions of their modules."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nemo_hacpo.config, nemo_hacpo.rewards.scorer\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n"
+            "import nemo_hacpo.algo as algo\n"
+            "for name in algo.__all__:\n"
+            "    value = getattr(algo, name)\n"
+            "    home = sys.modules[algo._HOMES[name].join(('nemo_hacpo.algo.', ''))]\n"
+            "    assert getattr(home, name) is value, name\n"
+            "assert sorted(algo.__all__) == sorted(algo._HOMES) and set(algo._HOMES) <= set(dir(algo))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_the_check_sees_lazy_imports(tmp_path):
     module = tmp_path / "lazy.py"
     module.write_text("def f():\n    from nemo_hacpo.runtime.loop import train\n    import nemo_hacpo.eval\n")
