@@ -440,7 +440,7 @@ class RewardConfig:
     """Longer responses are truncated (keeping the end) before parsing."""
     worker_memory_mb: int | None = 2048
     """Address space (RLIMIT_AS) each reward process may add to what it holds once started (its interpreter and
-    imports: ~0.7 GB with the CPU build of torch, ~3.2 GB with a CUDA build), so that a pathological answer cannot
+    imports; a CUDA build of torch, if the main module imports it, maps ~3 GB), so that a pathological answer cannot
     take the node's memory; null: no limit. math-verify needs well under the default; a reward function of yours
     that imports torch or loads a model may need more: over the limit while loading, the run stops naming this
     key; while scoring, that answer scores 0 (`error`). Not applied with `num_workers: 0` (the driver's process)."""

@@ -2,8 +2,8 @@
 its loop.
 
 At start-up a worker limits its address space (`reward.worker_memory_mb` more than it holds once started: its
-interpreter and whatever its parent's main module imports, ~0.7 GB with the CPU build of torch and ~3.2 GB with a
-CUDA build, which `nemo_hacpo.config` imports), loads the reward function or checks that math-verify verifies a known
+interpreter, math-verify and whatever its parent's main module imports — ~64 MB under recipes/train.py, but a main
+module that imports torch adds ~0.6 GB with its CPU build and ~3.1 GB with a CUDA build), loads the reward function or checks that math-verify verifies a known
 answer (which also warms sympy's lazy imports), and says "ready" — or says why it cannot score and exits, so that the
 pool stops naming the cause instead of scoring every answer 0.
 """
