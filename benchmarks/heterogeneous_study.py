@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.run_archive import RunFiles, study_runs  # noqa: E402
-from benchmarks.study_stats import format_pm, paired_difference  # noqa: E402
+from benchmarks.study_stats import format_pm, mean_std, paired_difference  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "heterogeneous_pairs"
 HETEROGENEITY = ROOT / "benchmarks" / "results" / "heterogeneity"
@@ -92,6 +92,8 @@ def studies(phase: str) -> dict[str, list[str]]:
 
 
 PHASES = ("main", "ablations", "trio", "row_order")
+ROW_ORDERS = ("own_first", "by_prompt")
+"""The row-order phase's studies are `style_<order>` (docs/algorithm.md §6)."""
 
 
 def _with_seeds(args: list[str], seeds: str) -> list[str]:
@@ -164,6 +166,31 @@ def _reading(t: float) -> str:
     if abs(t) > BONFERRONI_T:
         return "holds (Bonferroni)"
     return "5 % level only" if abs(t) > 2.365 else "not distinguishable"
+
+
+def row_order_rows() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """The pre-registered row-order comparison (docs/algorithm.md §6) from `style_own_first` and `style_by_prompt`:
+    per algorithm, order and agent the mean start and final held-out accuracy and the change over the seeds; and per
+    algorithm and agent by_prompt − own_first in final accuracy, paired by seed (both orders start from the same
+    step-0 evaluation of a seed, so this is also the difference in change). Empty until both studies have results."""
+    results = {order: _results(f"style_{order}") for order in ROW_ORDERS}
+    arms: list[dict[str, object]] = []
+    paired: list[dict[str, object]] = []
+    if any(r is None for r in results.values()):
+        return arms, paired
+    for algo in ("hacpo", "naive"):
+        for order in ROW_ORDERS:
+            runs = [r for r in results[order]["runs"] if r["algo"] == algo]
+            for agent in sorted({a for r in runs for a in r["agents"]}):
+                outcomes = [r["agents"][agent] for r in runs if agent in r["agents"]]
+                change = mean_std([o["final_accuracy"] - o["start_accuracy"] for o in outcomes])
+                arms.append({"algo": algo, "row_order": order, "agent": agent, "seeds": len(outcomes),
+                             "start": f"{mean_std([o['start_accuracy'] for o in outcomes])[0]:.3f}",
+                             "final": f"{mean_std([o['final_accuracy'] for o in outcomes])[0]:.3f}",
+                             "change (mean ± std)": format_pm(*change)})
+        for row in paired_lines(results["by_prompt"], "style", [(algo, algo)], "", other=results["own_first"]):
+            paired.append({**row, "comparison": f"{algo}: by_prompt − own_first"})
+    return arms, paired
 
 
 def direction_rows(pair: str) -> list[dict[str, object]]:
@@ -322,6 +349,13 @@ def report(write: bool = True) -> str:
                   "ratio s when trained, and the share of them whose gradient was not zero, split by the sign of "
                   "the advantage (HACPO: inside [lo_u, 1]; naive, naive_onpolicy: the PPO minimum takes the "
                   "unclipped term).", "", markdown_table(directions, list(directions[0])), ""]
+    arms, orders = row_order_rows()
+    if orders:
+        lines += ["## Row order (pre-registered: docs/algorithm.md §6)", "",
+                  "The style pair under `algo.row_order` own_first (the authors' order) and by_prompt, seeds 0–3: "
+                  "each arm's held-out accuracy at step 0 and at the last step, and the change.", "",
+                  markdown_table(arms, list(arms[0])), "", "by_prompt − own_first in final accuracy, paired by seed:",
+                  "", markdown_table(orders, list(orders[0])), ""]
     styles = [row for pair in PAIRS for row in style_rows(pair)]
     if styles:
         lines += ["## Post hoc (not in DESIGN.md): what the answers look like", "",
@@ -353,7 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "run":
         return run(args.phase or PHASES)
     absent = []
-    for name in [*PAIRS, *ABLATIONS, "trio"]:  # every study's own results.md, from its runs where they are here
+    for name in [*PAIRS, *ABLATIONS, "trio", *(f"style_{o}" for o in ROW_ORDERS)]:  # each study's results.md, from
+        # its runs or their archives where they are here
         command = OUT / name / "command.txt"
         if not ((OUT / name / "runs").is_dir() or (OUT / name / "raw").is_dir()):  # the runs, or their archives
             absent += [name] if (OUT / name / "results.json").is_file() else []

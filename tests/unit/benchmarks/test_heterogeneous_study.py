@@ -150,3 +150,20 @@ def test_report_on_a_clone_without_runs_leaves_every_results_file_as_it_is(out, 
     assert {path: path.read_bytes() for path in out.rglob("*") if path.is_file()} == before
     captured = capsys.readouterr()
     assert "no runs/ nor raw/ for habit here" in captured.err and "| habit | llama_tiny | hacpo − gspo | 2 |" in captured.out
+
+
+def test_row_order_rows_by_hand(out):
+    """The pre-registered comparison (docs/algorithm.md §6): arms and by_prompt − own_first, paired by seed."""
+    assert hs.row_order_rows() == ([], [])  # until both studies have results
+    _write_results(out, "style_own_first", [_run("hacpo", s, {"a": v}) for s, v in enumerate([0.5, 0.6, 0.7, 0.6])])
+    _write_results(out, "style_by_prompt", [_run("hacpo", s, {"a": v}) for s, v in enumerate([0.6, 0.6, 0.8, 0.6])])
+    arms, paired = hs.row_order_rows()
+    # own_first: changes from 0.25 are 0.25, 0.35, 0.45, 0.35 → mean 0.35, std √(0.02 / 3) = 0.0816
+    assert arms[0] == {"algo": "hacpo", "row_order": "own_first", "agent": "a", "seeds": 4, "start": "0.250",
+                       "final": "0.600", "change (mean ± std)": "0.350 ± 0.082"}
+    assert arms[1]["row_order"] == "by_prompt" and arms[1]["final"] == "0.650"
+    # by_prompt − own_first per seed: 0.1, 0, 0.1, 0 → mean 0.05, std 0.0577, t = 0.05 / (0.0577 / 2) = 1.73
+    (row,) = paired
+    assert row["comparison"] == "hacpo: by_prompt − own_first" and row["seeds"] == 4
+    assert row["for / against"] == "2 / 0" and row["t"] == "1.73" and row["reading"] == "not distinguishable"
+    assert "## Row order (pre-registered: docs/algorithm.md §6)" in hs.report(write=False)
