@@ -193,6 +193,21 @@ def row_order_rows() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
     return arms, paired
 
 
+def row_order_lines() -> list[str]:
+    """The row-order section (`row_order_rows`) as markdown lines; none until both studies have results."""
+    from nemo_hacpo.reporting import markdown_table
+
+    arms, orders = row_order_rows()
+    if not orders:
+        return []
+    return ["## Row order (pre-registered: docs/algorithm.md §6)", "",
+            "The style pair under `algo.row_order` own_first (the authors' order) and by_prompt, seeds 0–3: each "
+            "arm's held-out greedy accuracy at step 0 and at the last step, and the change "
+            "([own_first](style_own_first/results.md), [by_prompt](style_by_prompt/results.md)).", "",
+            markdown_table(arms, list(arms[0])), "", "by_prompt − own_first in final accuracy, paired by seed:", "",
+            markdown_table(orders, list(orders[0])), ""]
+
+
 def direction_rows(pair: str) -> list[dict[str, object]]:
     """Per sharing algorithm and direction source → learner: the means over steps and seeds of s p50 and the
     shares of the partner's rows with gradient (all, A > 0, A < 0), from every run's metrics (its metrics.jsonl, else
@@ -349,13 +364,7 @@ def report(write: bool = True) -> str:
                   "ratio s when trained, and the share of them whose gradient was not zero, split by the sign of "
                   "the advantage (HACPO: inside [lo_u, 1]; naive, naive_onpolicy: the PPO minimum takes the "
                   "unclipped term).", "", markdown_table(directions, list(directions[0])), ""]
-    arms, orders = row_order_rows()
-    if orders:
-        lines += ["## Row order (pre-registered: docs/algorithm.md §6)", "",
-                  "The style pair under `algo.row_order` own_first (the authors' order) and by_prompt, seeds 0–3: "
-                  "each arm's held-out accuracy at step 0 and at the last step, and the change.", "",
-                  markdown_table(arms, list(arms[0])), "", "by_prompt − own_first in final accuracy, paired by seed:",
-                  "", markdown_table(orders, list(orders[0])), ""]
+    lines += row_order_lines()
     styles = [row for pair in PAIRS for row in style_rows(pair)]
     if styles:
         lines += ["## Post hoc (not in DESIGN.md): what the answers look like", "",
@@ -399,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     if absent:  # the per-direction and post-hoc sections read the runs: without them results.md would lose them
         print(f"[report] no runs/ nor raw/ for {', '.join(absent)} here (studies run before the runs were archived): "
               "every results file is left as it is; the report below is printed only", file=sys.stderr)
+    if section := row_order_lines():  # its own page: it needs only the row-order studies, which are archived
+        (OUT / "row_order.md").write_text("# Row order: results\n\n" + "\n".join(section[1:]) + "\n")
     print(report(write=not absent))
     return 0
 

@@ -167,3 +167,4 @@ def test_row_order_rows_by_hand(out):
     assert row["comparison"] == "hacpo: by_prompt − own_first" and row["seeds"] == 4
     assert row["for / against"] == "2 / 0" and row["t"] == "1.73" and row["reading"] == "not distinguishable"
     assert "## Row order (pre-registered: docs/algorithm.md §6)" in hs.report(write=False)
+    assert hs.main(["report"]) == 0 and (out / "row_order.md").read_text().startswith("# Row order: results\n\n")
