@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.run_archive import RunFiles, study_runs  # noqa: E402
-from benchmarks.study_stats import format_pm, mean_std, paired_difference  # noqa: E402
+from benchmarks.study_stats import format_pm, mean_std, paired_difference, t_critical_95  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "heterogeneous_pairs"
 HETEROGENEITY = ROOT / "benchmarks" / "results" / "heterogeneity"
@@ -189,7 +189,12 @@ def row_order_rows() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
                              "final": f"{mean_std([o['final_accuracy'] for o in outcomes])[0]:.3f}",
                              "change (mean ± std)": format_pm(*change)})
         for row in paired_lines(results["by_prompt"], "style", [(algo, algo)], "", other=results["own_first"]):
-            paired.append({**row, "comparison": f"{algo}: by_prompt − own_first"})
+            # the pre-registered test: t over the seeds (3 d.f. for 4), two-sided 5 %; not the main study's
+            # Bonferroni over its 16 tests at 7 d.f., which `paired_lines` reads against
+            df, t = int(row["seeds"]) - 1, float(row["t"])
+            reading = "5 % level" if df > 0 and abs(t) > t_critical_95(df) else "not distinguishable"
+            paired.append({**row, "comparison": f"{algo}: by_prompt − own_first",
+                           "reading": f"{reading} (critical t {t_critical_95(df):.3f}, {df} d.f.)" if df > 0 else reading})
     return arms, paired
 
 
