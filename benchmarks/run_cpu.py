@@ -6,7 +6,7 @@ and what is per step.
 
 Each run is `recipes/train.py --config-name pair_tiny_gpt` with the overrides every resume, stop and Slurm test uses
 (`tests.helpers.runs.tiny_overrides`: B = 2, G = 2, 16-token responses, no warm start, a small KV cache), started
-in its own session. Every 0.2 s the script reads, from /proc, the user + system CPU time of each process below
+in its own session. Every 0.2 s the script reads (psutil) the user + system CPU time of each process below
 the run's driver (Ray's GCS and raylet, the trainer ranks, each engine's vLLM processes, the watchdogs) and its
 name at that moment; a process counts under the last name it had while it ran (`ray::AgentRank` imports torch
 and megatron-core before Ray renames it; an exiting process keeps its kind). A process that lives less than one interval is missed, so the totals are
@@ -46,7 +46,6 @@ KINDS = (
 """(kind, substrings of a process's name or command line), the first match wins; the driver is the run's own
 process; anything else is `other`."""
 INTERVAL_S = 0.2
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def classify(name: str, cmdline: str, is_driver: bool) -> str:
@@ -56,17 +55,6 @@ def classify(name: str, cmdline: str, is_driver: bool) -> str:
         if any(needle in name or needle in cmdline for needle in needles):
             return kind
     return "other"
-
-
-def _read(pid: int) -> tuple[int, float, str, str] | None:
-    """(parent pid, CPU-seconds, name, command line) of a live process, else None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return None
-    name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-    return int(rest[1]), (int(rest[11]) + int(rest[12])) / CLK_TCK, name, cmdline
 
 
 @dataclass
@@ -86,24 +74,29 @@ class Usage:
 
 
 def sample_tree(root: int, seen: dict[int, tuple[float, str, str]]) -> None:
-    """Update `seen` ({pid: (CPU-seconds, kind, name)}) with every live process at or below `root`."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (read := _read(int(entry))) is not None:
-            table[int(entry)] = read
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, *_rest) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        if pid in table:
-            _, cpu, name, cmdline = table[pid]
-            if not cmdline and pid in seen:  # exiting (a zombie has no command line): its kind stays
-                seen[pid] = (cpu, *seen[pid][1:])
-            else:
-                seen[pid] = (cpu, classify(name, cmdline, pid == root), name)
-        todo += children.get(pid, [])
+    """Update `seen` ({pid: (CPU-seconds, kind, name)}) with every live process at or below `root` (psutil)."""
+    import psutil
+
+    try:
+        top = psutil.Process(root)
+        processes = [top, *top.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in processes:
+        try:
+            with process.oneshot():
+                times = process.cpu_times()
+                cpu, name = times.user + times.system, process.name()
+                try:
+                    cmdline = " ".join(process.cmdline())
+                except psutil.ZombieProcess:
+                    cmdline = ""
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        if not cmdline and process.pid in seen:  # exiting (a zombie has no command line): its kind stays
+            seen[process.pid] = (cpu, *seen[process.pid][1:])
+        else:
+            seen[process.pid] = (cpu, classify(name, cmdline, process.pid == root), name)
 
 
 def measure(steps: int, extra: Sequence[str]) -> Usage:

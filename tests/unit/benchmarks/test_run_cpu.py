@@ -1,4 +1,4 @@
-"""benchmarks/run_cpu.py: the process kinds, the per-step / fixed split by hand, and the /proc walk on real
+"""benchmarks/run_cpu.py: the process kinds, the per-step / fixed split by hand, and the process walk on real
 processes that burn a known amount of CPU."""
 
 from __future__ import annotations
