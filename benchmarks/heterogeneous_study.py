@@ -69,20 +69,26 @@ def trio_gpt_overrides() -> list[str]:
     return CANDIDATES[max(greedy, key=greedy.get)][1]
 
 
+EARLIER_ORDER = "algo.row_order=own_first"
+"""The row order the main, ablation and trio phases ran under (the default then; docs/algorithm.md §6), kept so
+that re-running them reproduces their committed results."""
+
+
 def studies(phase: str) -> dict[str, list[str]]:
     """`{study: sample_efficiency.py arguments}` of one phase."""
     if phase == "main":
         return {pair: ["--config-name", "pair_tiny", "--algos", ALGOS, "--seeds", SEEDS, *SCHEDULE,
                        "--threshold", THRESHOLDS[pair], "--compare", _compare(PRIMARY + SECONDARY),
-                       "--out", str(OUT / pair), "runtime.eval_samples=0", *PAIRS[pair]] for pair in PAIRS}
+                       "--out", str(OUT / pair), "runtime.eval_samples=0", *PAIRS[pair], EARLIER_ORDER]
+                for pair in PAIRS}
     if phase == "ablations":
         return {name: ["--config-name", "pair_tiny", "--algos", "hacpo", "--seeds", SEEDS, *SCHEDULE,
                        "--threshold", THRESHOLDS["habit"], "--out", str(OUT / name), "runtime.eval_samples=0",
-                       *PAIRS["habit"], override] for name, override in ABLATIONS.items()}
+                       *PAIRS["habit"], EARLIER_ORDER, override] for name, override in ABLATIONS.items()}
     if phase == "trio":
         return {"trio": ["--config-name", "trio_tiny", "--algos", "hacpo,gspo", "--seeds", "0", *SCHEDULE,
                          "--compare", "hacpo-gspo", "--out", str(OUT / "trio"), "runtime.eval_samples=0",
-                         *PAIRS["habit"], *trio_gpt_overrides()]}
+                         *PAIRS["habit"], *trio_gpt_overrides(), EARLIER_ORDER]}
     if phase == "row_order":  # docs/algorithm.md §6, pre-registered (issue #48): both orders on one commit
         return {f"style_{order}": ["--config-name", "pair_tiny", "--algos", "hacpo,naive", "--seeds", "0,1,2,3",
                                    *SCHEDULE, "--threshold", THRESHOLDS["style"], "--compare", "hacpo-naive",

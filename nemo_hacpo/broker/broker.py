@@ -167,13 +167,13 @@ class Broker:
         pool: worker processes for re-encoding (in-process by default).
         ratio_length: the cross ratio's length convention (`AlgoConfig.ratio_length`): under `single_exponent`
             each cross row's `ratio_length_scale` is L_learner / L_source.
-        row_order: `AlgoConfig.row_order`: `own_first`, `by_prompt` or `shuffled` (`order_rows`).
+        row_order: `AlgoConfig.row_order`: `by_prompt` (the default), `own_first` or `shuffled` (`order_rows`).
         seed: the run's seed, which with the step and the learner draws a `shuffled` order.
     """
 
     def __init__(self, agents: Sequence[str], tokenizers: Mapping[str, LearnerTokenizer], *, algorithm: Algorithm,
                  tracker: CapabilityTracker | None = None, adv_eps: float = 1e-6, pool: ReencodePool | None = None,
-                 ratio_length: str = "per_tokenizer", row_order: str = "own_first", seed: int = 0):
+                 ratio_length: str = "per_tokenizer", row_order: str = "by_prompt", seed: int = 0):
         if ratio_length not in RATIO_LENGTHS:
             raise ValueError(f"ratio_length must be one of {RATIO_LENGTHS}, got {ratio_length!r}")
         if row_order not in ROW_ORDERS:

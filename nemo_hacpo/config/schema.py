@@ -309,10 +309,11 @@ class AlgoConfig:
     summed log-prob by its own token count (the paper's code, and v2), log s = m_k − m_j; `single_exponent` uses
     one exponent 1/|y_source| over the two whole-sequence probabilities (the paper's v1 Eq. 11),
     log s = Σ log π_k / L_j − m_j. They agree when the two tokenizations have the same length."""
-    row_order: Literal["own_first", "by_prompt", "shuffled"] = "own_first"
+    row_order: Literal["own_first", "by_prompt", "shuffled"] = "by_prompt"
     """Order of a learner's rows, which `updates_per_step` cuts into consecutive optimizer updates
-    (docs/algorithm.md §6): `own_first` — its own rows, then each other agent's (the authors' code); `by_prompt` —
-    prompt by prompt, its own rows then the others' (every update mixes both); `shuffled` — a permutation drawn
+    (docs/algorithm.md §6): `by_prompt` (the default) — prompt by prompt, its own rows then the others' (every
+    update mixes both, as each update does in the authors' 8-rank runs); `own_first` — its own rows, then each
+    other agent's (the order the authors' code builds before cutting it over ranks); `shuffled` — a permutation drawn
     from runtime.seed, the step and the learner (reproducible, equal on a resume)."""
     ablation: AblationConfig = field(default_factory=AblationConfig)
     """Ablation switches."""

@@ -20,6 +20,7 @@ from nemo_hacpo.broker import (
     reencode_for_learner,
     write_jsonl,
 )
+from nemo_hacpo.config.schema import AlgoConfig
 from nemo_hacpo.models.chat import render_prompt_ids
 
 AGENTS = ("alpha", "beta", "gamma")
@@ -56,6 +57,9 @@ def _rollouts(tokenizers, finished=True, long_for=None):
 
 
 def _broker(tokenizers, algo="hacpo", limit=256, capability_baseline=True, gradient_modulation=True, **kwargs):
+    """A broker over alpha, beta, gamma; rows in the order they are built (own_first), which the hand-computed
+    tests index, unless `row_order` says otherwise (the default order, by_prompt, is tested on its own)."""
+    kwargs.setdefault("row_order", "own_first")
     specs = {a: LearnerTokenizer(tokenizers[TOKENIZER_OF[a]], limit) for a in AGENTS}
     spec = ALGORITHMS[algo].with_ablations(capability_baseline=capability_baseline,
                                            gradient_modulation=gradient_modulation)
@@ -311,6 +315,10 @@ def test_row_orders_reorder_whole_rows(tokenizers):
     by_prompt = _broker(tokenizers, row_order="by_prompt").step(rollouts, 3).rows["alpha"]
     assert _row_keys(by_prompt) == [keys[i] for i in [0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11]]
     assert by_prompt.source.tolist() == [0, 0, 1, 1, 2, 2] * 2
+    # the default, of the broker and of the config (docs/algorithm.md §6: the pre-registered comparison moved it)
+    specs = {a: LearnerTokenizer(tokenizers[TOKENIZER_OF[a]], 256) for a in AGENTS}
+    default = Broker(AGENTS, specs, algorithm=ALGORITHMS["hacpo"]).step(rollouts, 3).rows["alpha"]
+    assert _row_keys(default) == _row_keys(by_prompt) and AlgoConfig().row_order == "by_prompt"
 
     def shuffled(step, seed=0):
         return _broker(tokenizers, row_order="shuffled", seed=seed).step(rollouts, step).rows
