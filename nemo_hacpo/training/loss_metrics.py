@@ -33,6 +33,7 @@ REDUCTIONS: dict[str, Reduction] = {
     "kl_loss": "loss",
     "kl_mean": ("mean", "num_own"),
     "num_own": "sum",  # the learner's own rows (the KL term's set)
+    "own_ratio_mean": ("mean", "num_own"),  # their ratio s (sequence loss; the trainer reports it at update 0)
     # hacpo_loss (also gspo / naive)
     "num_rows": "sum",
     "num_self": "sum",
@@ -222,8 +223,10 @@ class TrainMetrics:
     tflops_per_gpu: float
     """Model FLOPs of the updates and of the call's own no-grad passes, per second and rank (`training.flops`)."""
     own_ratio_u0: float = math.nan
-    """Mean ratio of the own rows (token level: of the tokens) in the first update, where the weights are still
-    the sampling weights: 1 up to float noise when m_old (or the old token log-probs) is right."""
+    """Mean ratio of the learner's own rows (token level: of the tokens) in the first update, where the weights
+    are still the sampling weights: 1 up to float noise when m_old (or the old token log-probs) is right. Own
+    rows by origin (`is_own`), not by objective: naive's shared rows, trained with the own objective against the
+    source's m_old, are not among them."""
     objective: dict[str, float] = field(default_factory=dict)
     """Every statistic of the loss combined over the step's rows (`REDUCTIONS`): policy_loss, kl_loss, num_rows,
     self/cross ratios and clip fractions, …"""

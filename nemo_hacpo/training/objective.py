@@ -24,6 +24,7 @@ other rows counted as zero), so β means the same thing for every loss (algorith
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -124,11 +125,20 @@ def sequence_loss(token_logprobs: torch.Tensor, batch: MicroBatch, objective: Ob
     learner_mean_logprob = sequence_mean_logprob(token_logprobs, batch.loss_mask)  # [B]
     if batch.ratio_length_scale is not None:  # single-exponent convention: Σ log π_k / L_source on cross rows
         learner_mean_logprob = learner_mean_logprob * batch.ratio_length_scale.to(learner_mean_logprob)
-    return hacpo_loss(
+    loss, metrics = hacpo_loss(
         learner_mean_logprob, batch.old_mean_logprob, batch.advantages, batch.cross_objective, batch.omega,
         update_index, alpha=objective.alpha, delta=objective.delta, delta_step=objective.delta_step,
         eps_low=objective.eps_low, eps_high=objective.eps_high, max_abs_log_ratio=objective.max_abs_log_ratio,
         num_sequences=normaliser, cross_clip=objective.cross_clip, rows_out=rows_out)
+    if batch.is_own is not None:
+        # the learner's own rows, whatever objective they get (naive trains the others' rows with the own one,
+        # against the source's m_old): at the first update their ratio is 1 when m_old is right
+        with torch.no_grad():
+            is_own = batch.is_own.to(learner_mean_logprob.device)
+            log_ratio = (learner_mean_logprob.detach() - batch.old_mean_logprob.to(learner_mean_logprob))[is_own]
+            own = log_ratio.clamp(-objective.max_abs_log_ratio, objective.max_abs_log_ratio).exp()
+            metrics["own_ratio_mean"] = own.mean() if own.numel() else torch.tensor(math.nan, dtype=own.dtype)
+    return loss, metrics
 
 
 def token_loss(token_logprobs: torch.Tensor, batch: MicroBatch, objective: Objective, update_index: int,
@@ -187,6 +197,8 @@ def micro_batch_loss(
     metrics = {("policy_loss" if name == "loss" else name): value for name, value in metrics.items()}
 
     loss = policy_loss
+    if batch.is_own is not None:
+        metrics["num_own"] = batch.is_own.sum().to(torch.float64)
     if objective.kl_coef > 0:
         if batch.ref_token_logprobs is None:
             raise ValueError("kl_coef > 0 needs the reference model's token log-probs (batch.ref_token_logprobs)")
@@ -198,6 +210,5 @@ def micro_batch_loss(
         num_own = is_own.sum().to(sequence_kl.dtype)
         metrics["kl_loss"] = kl_loss.detach()
         metrics["kl_mean"] = own_kl.detach().sum() / num_own  # NaN when the micro-batch has no own rows
-        metrics["num_own"] = num_own
     metrics["loss"] = loss.detach()
     return loss, metrics

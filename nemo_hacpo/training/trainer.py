@@ -472,7 +472,7 @@ class MegatronTrainer:
             forward_passes += 1
 
         scored = scored_token_counts(rows.response_mask)
-        keys = [k for k in REDUCTIONS if objective.kl_coef > 0 or k not in ("kl_loss", "kl_mean", "num_own")]
+        keys = [k for k in REDUCTIONS if objective.kl_coef > 0 or k not in ("kl_loss", "kl_mean")]
         step_metrics = MetricAccumulator(keys, token_level=objective.token_level, device=self.device)
         losses, grad_norms, lr, own_ratio_u0, skipped = [], [], math.nan, math.nan, 0
         # per-row outcome of the sequence loss: [ratio, in_window, gradient, seen] × N, rows of this replica only
@@ -520,7 +520,7 @@ class MegatronTrainer:
             update_result = update_metrics.result()
             losses.append(update_result.get("loss", math.nan))
             if update_index == 0:
-                own_ratio_u0 = update_result.get("ratio_mean" if objective.token_level else "self_ratio_mean", math.nan)
+                own_ratio_u0 = update_result.get("ratio_mean" if objective.token_level else "own_ratio_mean", math.nan)
 
         reduce_metrics(step_metrics, self.dp_group, self.pp_group, self.pp_last_rank)
         row_outcome = None

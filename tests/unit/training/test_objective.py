@@ -175,6 +175,22 @@ def test_kl_covers_the_learners_own_rows_only_under_naive_sharing() -> None:
     assert metrics["num_own"].item() == 1 and metrics["num_self"].item() == 2  # the loss's own-objective rows
 
 
+def test_own_ratio_counts_the_learners_own_rows_not_the_rows_with_the_own_objective() -> None:
+    """naive's shared row gets the own objective against the source's m_old, so its ratio is not 1 at the first
+    update; the own-row ratio (the trainer's `own_ratio_u0`, 1 when m_old is right) leaves it out."""
+    token_logprobs = torch.tensor([[-1.0, -3.0], [-0.5, -0.5]], dtype=F64)  # m_θ = −2, −0.5
+    batch = _batch([[1, 1], [1, 1]], [0.5, 1.0], [False, False], [1.0, 1.0], [-2.0, -1.0], is_own=[True, False])
+    _, metrics = micro_batch_loss(token_logprobs, batch, _objective(name="naive", kl_coef=0.0), 0, normaliser=2.0,
+                                  num_sequences=2.0)
+    assert metrics["own_ratio_mean"].item() == pytest.approx(1.0, abs=1e-12)  # e^(−2 − (−2))
+    assert metrics["self_ratio_mean"].item() == pytest.approx((1 + math.exp(0.5)) / 2, rel=1e-12)  # and e^0.5
+    assert metrics["num_own"].item() == 1 and "kl_mean" not in metrics
+    only_shared = _batch([[1, 1]], [1.0], [False], [1.0], [-1.0], is_own=[False])
+    _, metrics = micro_batch_loss(token_logprobs[1:], only_shared, _objective(name="naive", kl_coef=0.0), 0,
+                                  normaliser=1.0, num_sequences=1.0)
+    assert math.isnan(metrics["own_ratio_mean"].item()) and metrics["num_own"].item() == 0  # skipped when combined
+
+
 def _length_case(scale: float) -> tuple[torch.Tensor, MicroBatch]:
     """One cross row (A = 1, ω = 1) re-encoded into L_k = 16 learner tokens of log-prob −0.4 each; the source
     sampled it as L_j = 10 tokens at m_j = −0.5 (docs/algorithm.md §4's example)."""
