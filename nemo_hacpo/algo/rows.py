@@ -1,8 +1,9 @@
 """`TrainingRows`: one learner's training rows for one step — what the broker builds and the trainer consumes.
 
 The one row-batch type of the project. The broker (`Broker.step`) fills it for every learner from the joint
-group (algorithm.md §6: own rows first, other agents' rows after, never shuffled); the warm start fills it
-with worked solutions (`TrainingRows.supervised`); the trainer cuts it into mini-batches and micro-batches.
+group (algorithm.md §6: in `algo.row_order`, by default prompt by prompt, each prompt's own rows before the
+other agents'); the warm start fills it with worked solutions (`TrainingRows.supervised`); the trainer cuts it
+into mini-batches and micro-batches.
 
 Row-aligned fields, N rows:
 

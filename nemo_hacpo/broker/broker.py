@@ -2,7 +2,8 @@
 
     rollouts[agent] ──► accuracy per agent ──► CapabilityTracker.update
                     ──► rewards [B, n, G] ──► per learner k: advantages (its baseline, its ω)
-                    ──► own rows (the generated ids) + other agents' rows (re-encoded for k), own first
+                    ──► own rows (the generated ids) + other agents' rows (re-encoded for k), built own
+                        first, then put in `algo.row_order` (by prompt by default)
 
 What the rows look like is decided by the algorithm's registry entry (`nemo_hacpo.algo.registry`), not by its
 name: `shares_rollouts` (are other agents' rows added), `capability_baseline` (ω in the baseline, else the

@@ -1,6 +1,6 @@
 """Training rows → optimizer mini-batches → data-parallel shards → padded micro-batches (pure, no torch.distributed).
 
-A learner's `TrainingRows` (algorithm.md §6: own rows first, cross rows last, never shuffled) are cut into `M`
+A learner's `TrainingRows` (in the broker's order, `algo.row_order`: algorithm.md §6) are cut into `M`
 consecutive mini-batches, one per optimizer update `u`. Each mini-batch is split into `dp` contiguous shards, one per data-parallel
 replica, and each shard into micro-batches: at most `micro_batch_size` rows, or — with a token budget —
 as many consecutive rows as fit in `max_tokens` padded tokens (a dynamic micro-batch size).
