@@ -169,3 +169,19 @@ def test_row_order_rows_by_hand(out):
     assert row["reading"] == "not distinguishable (critical t 3.182, 3 d.f.)"  # 4 seeds: not the 8-seed study's bounds
     assert "## Row order (pre-registered: docs/algorithm.md §6)" in hs.report(write=False)
     assert hs.main(["report"]) == 0 and (out / "row_order.md").read_text().startswith("# Row order: results\n\n")
+
+
+def test_the_row_order_studys_own_first_arm_reproduced_the_style_studys_runs():
+    """The row-order study's `own_first` arm (16 runs on c5573b7, archived run by run in style_own_first/raw/) ran
+    the style pair's naive and HACPO seeds 0–3 again on a later commit than the style study (whose runs were not
+    kept): every agent's curve and every held-out answer at the end are equal, so those 8 of the style study's 40
+    runs can be recomputed from committed archives (docs/results.md)."""
+    base = ROOT / "benchmarks" / "results" / "heterogeneous_pairs"
+    style = {(r["algo"], r["seed"]): r for r in json.loads((base / "style" / "results.json").read_text())["runs"]}
+    again = {(r["algo"], r["seed"]): r for r in
+             json.loads((base / "style_own_first" / "results.json").read_text())["runs"]}
+    assert sorted(again) == [(algo, seed) for algo in ("hacpo", "naive") for seed in range(4)]
+    for key, run in again.items():
+        assert run["agents"] == style[key]["agents"], key
+        assert (base / "style_own_first" / "raw" / f"{key[0]}_seed{key[1]}.json.xz").is_file(), key
+    assert again[("naive", 2)]["agents"]["qwen_tiny"]["final_accuracy"] == 0.132  # the collapse, seed 2
